@@ -1,0 +1,19 @@
+rule tokens:
+    input:
+        responses="results/{partition}/responses/{shard}.jsonl.zst",
+        model=get_model_input,
+    output:
+        tokens="results/{partition}/tokens/{shard}.jsonl.zst",
+        audit="results/{partition}/tokens/{shard}.audit.json",
+    log:
+        "logs/{partition}/tokens/{shard}.log",
+    benchmark:
+        "benchmarks/{partition}/tokens/{shard}.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    threads: 1
+    params:
+        settings=get_token_settings,
+    shell:
+        "python scripts/tokens.py --responses {input.responses} --out {output.tokens} "
+        "--audit {output.audit} --settings {params.settings:q} --threads {threads} > {log} 2>&1"

@@ -1,0 +1,20 @@
+#!/usr/bin/env python
+"""Normalize, deduplicate and shard one partition's raw chat data."""
+
+from eagle3_datagen import cli
+from eagle3_datagen.prompts import build_prompts
+
+
+def main() -> None:
+    p = cli.parser(__doc__)
+    p.add_argument("--source", required=True, help=".jsonl, .jsonl.zst, .json or .parquet file")
+    p.add_argument("--out", nargs="+", required=True, help="one output path per shard, in shard order")
+    p.add_argument("--stats", required=True, help="JSON file for the partition's counts")
+    args = p.parse_args()
+    cli.setup(args)
+    s = args.settings
+    build_prompts(args.source, s["format"], args.out, args.stats, s.get("system_prompt"), s.get("max_prompts"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+#!/usr/bin/env python
+"""Rebuild input_ids + loss mask for one response shard and audit them against server IDs."""
+
+from eagle3_datagen import cli
+from eagle3_datagen.tokens import TokenSettings, run_tokens
+
+
+def main() -> None:
+    p = cli.parser(__doc__)
+    p.add_argument("--responses", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--audit", required=True)
+    args = p.parse_args()
+    cli.setup(args)
+    model = args.settings["model"]
+    run_tokens(
+        args.responses, args.out, args.audit, model["path"], model, TokenSettings.from_config(args.settings["tokens"])
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Inference backends for the responses stage, side by side behind `responses.Backend`."""

@@ -1,0 +1,179 @@
+"""The target model's tokenizer and chat template: loading, special tokens, rendering.
+
+Special-token IDs are read from the tokenizer and checked, never assumed: the end-of-turn
+token is the special token the chat template itself places after an assistant turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+PROBE_USER = "Say hi."
+PROBE_ASSISTANT = "hi"
+
+
+class TemplateError(ValueError):
+    """The tokenizer or chat template does not behave as the tokens stage requires."""
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    end_of_turn: str
+    end_of_turn_id: int
+    think_start: str | None
+    think_start_id: int | None
+    think_end: str | None
+    think_end_id: int | None
+    # Other special (control) tokens: a turn that contains one is not a well-formed answer.
+    control_ids: frozenset[int] = field(default=frozenset(), repr=False)
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "control_ids"}
+
+
+def load_tokenizer(model_path: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(model_path), trust_remote_code=trust_remote_code, local_files_only=True
+    )
+    if not tokenizer.chat_template:
+        raise TemplateError(f"{model_path}: the tokenizer has no chat template; add one to tokenizer_config.json")
+    return tokenizer
+
+
+def template_messages(messages: Sequence[dict]) -> list[dict]:
+    """Our message rows -> the dicts chat templates expect (reasoning as `reasoning_content`)."""
+    out = []
+    for message in messages:
+        item = {"role": message["role"], "content": message["content"]}
+        if message["role"] == "assistant":
+            item["reasoning_content"] = message.get("reasoning") or ""
+        out.append(item)
+    return out
+
+
+def render_text(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[dict],
+    add_generation_prompt: bool,
+    template_kwargs: dict | None = None,
+) -> str:
+    return tokenizer.apply_chat_template(
+        template_messages(messages),
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        **(template_kwargs or {}),
+    )
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Encode a whole rendered string at once; special tokens in it map to their IDs."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def render_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[dict],
+    add_generation_prompt: bool,
+    template_kwargs: dict | None = None,
+) -> list[int]:
+    return encode(tokenizer, render_text(tokenizer, messages, add_generation_prompt, template_kwargs))
+
+
+def single_token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
+    """The one ID `token` encodes to, checked to decode back to the same string."""
+    ids = encode(tokenizer, token)
+    if len(ids) != 1:
+        raise TemplateError(
+            f"special token {token!r} encodes to {len(ids)} IDs {ids}, not one: it is not in this "
+            "tokenizer's vocabulary as an added token; check model.special_tokens in the config"
+        )
+    decoded = tokenizer.decode(ids, skip_special_tokens=False)
+    if decoded != token:
+        raise TemplateError(f"special token {token!r} (ID {ids[0]}) decodes to {decoded!r}")
+    return ids[0]
+
+
+def _special_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    return {token_id for token_id, added in tokenizer.added_tokens_decoder.items() if added.special}
+
+
+def detect_end_of_turn(tokenizer: PreTrainedTokenizerBase, template_kwargs: dict | None = None) -> str:
+    """The first special token that the template renders after an assistant turn's content."""
+    probe = [{"role": "user", "content": PROBE_USER}]
+    prefix = render_text(tokenizer, probe, True, template_kwargs)
+    full = render_text(tokenizer, [*probe, {"role": "assistant", "content": PROBE_ASSISTANT}], False, template_kwargs)
+    if not full.startswith(prefix):
+        raise TemplateError("the chat template is not prefix-stable for a one-turn conversation")
+    turn = full[len(prefix) :]
+    after_content = turn[turn.index(PROBE_ASSISTANT) + len(PROBE_ASSISTANT) :]
+    special = _special_ids(tokenizer)
+    for token_id in encode(tokenizer, after_content):
+        if token_id in special:
+            return tokenizer.convert_ids_to_tokens(token_id)
+    raise TemplateError(
+        "the chat template puts no special token after an assistant turn; "
+        "set model.special_tokens.end_of_turn in the config"
+    )
+
+
+def resolve_special_tokens(
+    tokenizer: PreTrainedTokenizerBase, configured: dict | None = None, template_kwargs: dict | None = None
+) -> SpecialTokens:
+    """Resolve end-of-turn and thinking tokens (config strings, or `auto`) to checked IDs."""
+    configured = configured or {}
+    end_of_turn = configured.get("end_of_turn", "auto")
+    if end_of_turn == "auto":
+        end_of_turn = detect_end_of_turn(tokenizer, template_kwargs)
+    think_start = configured.get("think_start", "<think>")
+    think_end = configured.get("think_end", "</think>")
+    vocab = tokenizer.get_vocab()
+    has_thinking = think_start in vocab and think_end in vocab
+    end_of_turn_id = single_token_id(tokenizer, end_of_turn)
+    return SpecialTokens(
+        end_of_turn=end_of_turn,
+        end_of_turn_id=end_of_turn_id,
+        think_start=think_start if has_thinking else None,
+        think_start_id=single_token_id(tokenizer, think_start) if has_thinking else None,
+        think_end=think_end if has_thinking else None,
+        think_end_id=single_token_id(tokenizer, think_end) if has_thinking else None,
+        control_ids=frozenset(_special_ids(tokenizer) - {end_of_turn_id}),
+    )
+
+
+class ParsedOutput(NamedTuple):
+    reasoning: str
+    content: str
+    stopped: bool  # ended with the end-of-turn token
+    well_formed: bool  # at most one closed think block, at the start; no control tokens
+
+
+def split_output_ids(
+    tokenizer: PreTrainedTokenizerBase, output_ids: Sequence[int], specials: SpecialTokens
+) -> ParsedOutput:
+    """Generated IDs -> reasoning and content, the way a reasoning parser splits them.
+
+    Whitespace around the think block is trimmed the way chat templates re-add it. An output
+    with an unclosed or repeated think block, or a control token inside the turn, cannot be
+    rendered back by the template and is reported as not well formed.
+    """
+    ids = list(output_ids)
+    stopped = bool(ids) and ids[-1] == specials.end_of_turn_id
+    if stopped:
+        ids = ids[:-1]
+    think = {specials.think_start_id, specials.think_end_id} - {None}
+    reasoning, thought = "", []
+    has_think_block = specials.think_end_id is not None and specials.think_end_id in ids
+    if has_think_block:
+        cut = ids.index(specials.think_end_id)
+        thought, ids = ids[:cut], ids[cut + 1 :]
+        if thought and thought[0] == specials.think_start_id:
+            thought = thought[1:]
+        reasoning = tokenizer.decode(thought, skip_special_tokens=False).strip("\n")
+    well_formed = not (think | specials.control_ids).intersection(thought + ids)
+    content = tokenizer.decode(ids, skip_special_tokens=False)
+    return ParsedOutput(reasoning, content.lstrip("\n") if has_think_block else content, stopped, well_formed)

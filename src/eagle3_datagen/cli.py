@@ -1,0 +1,30 @@
+"""Shared pieces of the stage entry points in `scripts/`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+import torch
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument(
+        "--settings",
+        required=True,
+        type=json.loads,
+        help="the stage's settings as JSON (the workflow passes the validated config section)",
+    )
+    p.add_argument("--threads", type=int, default=1, help="CPU threads for torch and tokenizers")
+    return p
+
+
+def setup(args: argparse.Namespace) -> None:
+    """Log to stderr (a rule's log file) and size thread pools to the job's cores."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(max(1, args.threads))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if args.threads > 1 else "false")

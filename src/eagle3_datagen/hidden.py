@@ -1,0 +1,321 @@
+"""Stage 4: one prefill pass captures EAGLE-3's auxiliary layers and the final layer.
+
+Layer numbering follows transformers' `hidden_states`: index 0 is the embedding output and
+index i the output of decoder layer i (1-based). `final: normed` is the final norm's
+output (what the LM head sees), `raw` the output of layer N.
+
+Samples are written in input order, packed with no padding, into parts of at most
+`shard_bytes`. Parts are planned from the token counts before any forward pass, so a
+rerun after a kill keeps every complete part and recomputes only the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .io import atomic_dir, atomic_path, read_jsonl, write_json
+from .models import DTYPES, load_causal_lm
+
+log = logging.getLogger(__name__)
+
+FORMAT = "eagle3-datagen/hidden-v1"
+# Per token besides the hidden states: int32 input_ids + uint8 loss_mask.
+ID_AND_MASK_BYTES = 5
+
+
+def resolve_aux_layers(num_layers: int, spec: str | Sequence[int]) -> list[int]:
+    """`auto` is EAGLE-3's choice, hidden_states indices [2, N//2, N-3]; lists are checked."""
+    layers = [2, num_layers // 2, num_layers - 3] if spec == "auto" else [int(i) for i in spec]
+    if len(set(layers)) != len(layers) or any(not 1 <= i <= num_layers for i in layers):
+        raise ValueError(
+            f"aux_layers {layers} must be distinct hidden_states indices in 1..{num_layers} "
+            f"for a {num_layers}-layer model"
+        )
+    return layers
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a shard stores; checked against the config when a shard is read."""
+
+    model: str
+    num_layers: int
+    hidden_size: int
+    aux_layers: tuple[int, ...]
+    final: str
+    dtype: str
+
+    @property
+    def bytes_per_token(self) -> int:
+        element = torch.empty((), dtype=DTYPES[self.dtype]).element_size()
+        return (len(self.aux_layers) + 1) * self.hidden_size * element + ID_AND_MASK_BYTES
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.__dict__, sort_keys=True, default=list).encode()).hexdigest()[:16]
+
+
+def plan_parts(lengths: Sequence[int], bytes_per_token: int, shard_bytes: int) -> list[range]:
+    """Consecutive sample ranges whose packed size stays within `shard_bytes` (one sample may exceed it)."""
+    parts, start, size = [], 0, 0
+    for index, length in enumerate(lengths):
+        sample_bytes = length * bytes_per_token
+        if index > start and size + sample_bytes > shard_bytes:
+            parts.append(range(start, index))
+            start, size = index, 0
+        size += sample_bytes
+    if start < len(lengths):
+        parts.append(range(start, len(lengths)))
+    return parts
+
+
+def plan_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+    """Length-sorted batches whose padded size (rows x longest) stays within the budget."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches, current = [], []
+    for index in order:
+        longest = lengths[index]  # sorted ascending: the newcomer is the longest
+        if current and (len(current) + 1) * longest > max_batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
+
+
+class HFCapture:
+    """Forward passes with transformers; hooks collect only the layers that are stored."""
+
+    def __init__(self, model_path: str | Path, aux_spec, final: str, settings: dict, trust_remote_code=False):
+        self.lm = load_causal_lm(model_path, settings, trust_remote_code)
+        config = self.lm.config
+        self.num_layers = config.num_hidden_layers
+        self.hidden_size = config.hidden_size
+        self.aux_layers = resolve_aux_layers(self.num_layers, aux_spec)
+        self.final = final
+        self.model_name = Path(model_path).name
+
+    def _decoder_layers(self):
+        return self.lm.model.layers
+
+    @torch.inference_mode()
+    def __call__(self, batch: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per sample: (aux [T, A*H], final [T, H]) for a batch of token ID lists."""
+        longest = max(len(ids) for ids in batch)
+        device = self.lm.device
+        input_ids = torch.zeros((len(batch), longest), dtype=torch.long)
+        mask = torch.zeros_like(input_ids)
+        for row, ids in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            mask[row, : len(ids)] = 1
+        wanted = list(self.aux_layers) + ([self.num_layers] if self.final == "raw" else [])
+        captured: dict[int, torch.Tensor] = {}
+        hooks = []
+        layers = self._decoder_layers()
+        for index in set(wanted):
+
+            def keep(_module, _args, output, index=index):
+                captured[index] = output[0] if isinstance(output, tuple) else output
+
+            hooks.append(layers[index - 1].register_forward_hook(keep))
+        try:
+            # Right padding under a causal mask leaves every real token's states unchanged.
+            out = self.lm.model(input_ids=input_ids.to(device), attention_mask=mask.to(device))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        final = captured[self.num_layers] if self.final == "raw" else out.last_hidden_state
+        aux = torch.cat([captured[i] for i in self.aux_layers], dim=-1)
+        return [(aux[row, : len(ids)].cpu(), final[row, : len(ids)].cpu()) for row, ids in enumerate(batch)]
+
+
+def _part_name(number: int) -> str:
+    return f"part-{number:05d}.safetensors"
+
+
+def _part_key(layout: Layout, ids: Sequence[str], lengths: Sequence[int]) -> str:
+    """Identifies a part's content plan: resuming keeps a part only if this matches."""
+    digest = hashlib.sha256(layout.fingerprint().encode())
+    for sample_id, length in zip(ids, lengths, strict=True):
+        digest.update(f"{sample_id}:{length};".encode())
+    return digest.hexdigest()
+
+
+def _part_metadata(path: Path) -> dict | None:
+    """The metadata a complete part carries; None for a missing, torn or foreign file."""
+    if not path.exists():
+        return None
+    try:
+        with safe_open(str(path), "pt") as f:
+            return json.loads((f.metadata() or {})[FORMAT])
+    except Exception:  # anything unreadable is recomputed
+        return None
+
+
+def write_part(
+    path: Path,
+    samples: Sequence[dict],
+    states: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    dtype: torch.dtype,
+    metadata: dict,
+) -> int:
+    lengths = [len(s["input_ids"]) for s in samples]
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
+    tensors = {
+        "input_ids": torch.tensor([t for s in samples for t in s["input_ids"]], dtype=torch.int32),
+        "loss_mask": torch.tensor([t for s in samples for t in s["loss_mask"]], dtype=torch.uint8),
+        "aux_hidden_states": torch.cat([aux for aux, _ in states]).to(dtype).contiguous(),
+        "hidden_states": torch.cat([final for _, final in states]).to(dtype).contiguous(),
+        "offsets": offsets,
+    }
+    # One metadata key: safetensors orders several keys differently from run to run, and
+    # a resumed part must be byte-identical to an uninterrupted one.
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={FORMAT: json.dumps(metadata, sort_keys=True)})
+    return path.stat().st_size
+
+
+def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, settings: dict) -> dict:
+    """Write `samples`' hidden states to `out_dir` (parts, then index.json), resuming a partial run."""
+    out_dir = Path(out_dir)
+    layout = Layout(
+        capture.model_name,
+        capture.num_layers,
+        capture.hidden_size,
+        tuple(capture.aux_layers),
+        capture.final,
+        settings["dtype"],
+    )
+    dtype = DTYPES[layout.dtype]
+    lengths = [len(s["input_ids"]) for s in samples]
+    parts = plan_parts(lengths, layout.bytes_per_token, settings["shard_bytes"])
+    # Work happens in a sibling directory that Snakemake does not own, so complete parts
+    # survive a killed job and the output directory appears only when whole.
+    work = out_dir.with_name(f".{out_dir.name}.partial")
+    work.mkdir(parents=True, exist_ok=True)
+    nonfinite: list[str] = []
+    index_parts = []
+    for number, part in enumerate(parts):
+        part_samples = [samples[i] for i in part]
+        ids = [s["id"] for s in part_samples]
+        key = _part_key(layout, ids, [lengths[i] for i in part])
+        path = work / _part_name(number)
+        done = _part_metadata(path)
+        if done is not None and done["part_key"] == key:
+            log.info("part %d: complete from an earlier run, kept", number)
+            nonfinite += done["nonfinite"]
+        else:
+            states: list = [None] * len(part_samples)
+            for batch in plan_batches([len(s["input_ids"]) for s in part_samples], settings["max_batch_tokens"]):
+                for i, state in zip(batch, capture([part_samples[i]["input_ids"] for i in batch]), strict=True):
+                    states[i] = state
+            bad = [
+                sid
+                for sid, (aux, fin) in zip(ids, states, strict=True)
+                if not (torch.isfinite(aux).all() and torch.isfinite(fin).all())
+            ]
+            nonfinite += bad
+            write_part(path, part_samples, states, dtype, {"part_key": key, "nonfinite": bad})
+            log.info("part %d: %d samples, %d tokens written", number, len(part), sum(lengths[i] for i in part))
+        index_parts.append(
+            {
+                "file": path.name,
+                "samples": len(part),
+                "tokens": sum(lengths[i] for i in part),
+                "bytes": path.stat().st_size,
+                "ids": ids,
+            }
+        )
+    limit = settings.get("max_nonfinite_fraction", 0.0)
+    if samples and len(nonfinite) / len(samples) > limit:
+        raise FloatingPointError(
+            f"{len(nonfinite)} of {len(samples)} samples have NaN/Inf hidden states (first: {nonfinite[:5]}), "
+            f"above hidden_states.max_nonfinite_fraction={limit}; check the model's dtype"
+        )
+    index = {
+        "format": FORMAT,
+        **{k: (list(v) if isinstance(v, tuple) else v) for k, v in layout.__dict__.items()},
+        "bytes_per_token": layout.bytes_per_token,
+        "samples": len(samples),
+        "tokens": sum(lengths),
+        "loss_tokens": sum(sum(s["loss_mask"]) for s in samples),
+        "bytes": sum(p["bytes"] for p in index_parts),
+        "nonfinite_ids": nonfinite,
+        "parts": index_parts,
+    }
+    write_json(work / "index.json", index)
+    with atomic_dir(out_dir) as tmp:
+        tmp.rmdir()
+        os.replace(work, tmp)
+    return index
+
+
+def run_hidden(
+    tokens_path: str | Path, out_dir: str | Path, model_path: str | Path, model_settings: dict, settings: dict
+) -> dict:
+    capture = HFCapture(
+        model_path,
+        settings["aux_layers"],
+        settings["final"],
+        settings.get("hf", {}),
+        model_settings.get("trust_remote_code", False),
+    )
+    return capture_shard(read_jsonl(tokens_path), out_dir, capture, settings)
+
+
+class HiddenShard:
+    """Read a hidden-state shard: iterate samples in order or fetch one by id."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.index = json.loads((self.path / "index.json").read_text())
+        if self.index.get("format") != FORMAT:
+            raise ValueError(f"{self.path}: not an {FORMAT} shard")
+        self._where = {sid: (n, k) for n, part in enumerate(self.index["parts"]) for k, sid in enumerate(part["ids"])}
+
+    @property
+    def ids(self) -> list[str]:
+        return [sid for part in self.index["parts"] for sid in part["ids"]]
+
+    def __len__(self) -> int:
+        return self.index["samples"]
+
+    def check_layout(self, aux_layers: Sequence[int], final: str) -> None:
+        if list(aux_layers) != self.index["aux_layers"] or final != self.index["final"]:
+            raise ValueError(
+                f"{self.path}: stored layers aux={self.index['aux_layers']} final={self.index['final']} "
+                f"do not match the configured aux={list(aux_layers)} final={final}; rerun the hidden stage"
+            )
+
+    def _sample(self, f, offsets: torch.Tensor, sid: str, k: int) -> dict:
+        a, b = int(offsets[k]), int(offsets[k + 1])
+        return {
+            "id": sid,
+            "input_ids": f.get_slice("input_ids")[a:b],
+            "loss_mask": f.get_slice("loss_mask")[a:b],
+            "aux_hidden_states": f.get_slice("aux_hidden_states")[a:b],
+            "hidden_states": f.get_slice("hidden_states")[a:b],
+        }
+
+    def __iter__(self) -> Iterator[dict]:
+        for part in self.index["parts"]:
+            with safe_open(str(self.path / part["file"]), "pt") as f:
+                offsets = f.get_tensor("offsets")
+                for k, sid in enumerate(part["ids"]):
+                    yield self._sample(f, offsets, sid, k)
+
+    def __getitem__(self, sample_id: str) -> dict:
+        number, k = self._where[sample_id]
+        with safe_open(str(self.path / self.index["parts"][number]["file"]), "pt") as f:
+            return self._sample(f, f.get_tensor("offsets"), sample_id, k)

@@ -1,0 +1,78 @@
+"""Config helpers behind `rules/common.smk`, kept here so that they are importable and tested.
+
+Each rule's `params` carry only the settings that shape its own output, so that Snakemake's
+params rerun trigger invalidates exactly the partitions a config change touches.
+"""
+
+from __future__ import annotations
+
+import json
+
+BACKENDS = ("hf", "sglang", "openrouter")
+GPU_BACKENDS = ("sglang",)
+
+
+def shard_names(config: dict, partition: str) -> list[str]:
+    return [f"{i:05d}" for i in range(config["partitions"][partition]["shards"])]
+
+
+def inference_backend(config: dict, partition: str) -> str:
+    return config["partitions"][partition].get("backend") or config["inference"]["backend"]
+
+
+def prompt_settings(config: dict, partition: str) -> dict:
+    part = config["partitions"][partition]
+    return {
+        "format": part["format"],
+        "system_prompt": part.get("system_prompt"),
+        "max_prompts": part.get("max_prompts"),
+    }
+
+
+def model_settings(config: dict) -> dict:
+    model = config["model"]
+    return {
+        "path": model["path"],
+        "trust_remote_code": model.get("trust_remote_code", False),
+        "chat_template_kwargs": model.get("chat_template_kwargs") or {},
+        "special_tokens": model.get("special_tokens") or {},
+    }
+
+
+def response_settings(config: dict, partition: str) -> dict:
+    backend = inference_backend(config, partition)
+    inference = config["inference"]
+    return {
+        "backend": backend,
+        "sampling": inference["sampling"],
+        backend: inference.get(backend) or {},
+        "model": model_settings(config),
+    }
+
+
+def token_settings(config: dict) -> dict:
+    return {"tokens": config["tokens"], "model": model_settings(config)}
+
+
+def hidden_settings(config: dict) -> dict:
+    return {"hidden_states": config["hidden_states"], "model": model_settings(config)}
+
+
+def uses_gpu(config: dict, stage: str, partition: str) -> bool:
+    if stage == "responses":
+        backend = inference_backend(config, partition)
+        if backend in GPU_BACKENDS:
+            return True
+        return backend == "hf" and config["inference"].get("hf", {}).get("device", "cpu") == "cuda"
+    return config["hidden_states"].get("backend", "hf") in GPU_BACKENDS or (
+        config["hidden_states"].get("hf", {}).get("device", "cpu") == "cuda"
+    )
+
+
+def gpus_for(config: dict, stage: str, partition: str) -> int:
+    return config["resources"]["gpus_per_node"] if uses_gpu(config, stage, partition) else 0
+
+
+def as_json(settings: dict) -> str:
+    """Canonical JSON, so equal settings always compare equal in Snakemake's params trigger."""
+    return json.dumps(settings, sort_keys=True, separators=(",", ":"))

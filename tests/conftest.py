@@ -1,0 +1,95 @@
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW_FILES = [
+    "Snakefile",
+    "config.yaml",
+    "rules",
+    "schemas",
+    "scripts",
+    "report",
+    "profiles",
+    "config",
+    "resources",
+    "envs",
+    "Makefile",
+    "pyproject.toml",
+    "README.md",
+]
+
+
+def readme_commands() -> list[str]:
+    """The commands in the README's first code block: the demo and the tests."""
+    block = re.search(r"```(?:bash|sh)?\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+
+
+def copy_workflow(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_FILES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name)
+        else:
+            shutil.copy2(src, dest / name)
+    venv = Path(sys.prefix)
+    (dest / ".venv").symlink_to(venv)
+    return dest
+
+
+def run(cmd: list[str] | str, cwd: Path, check=True, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, shell=isinstance(cmd, str), **kwargs)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def snakemake(args: list[str], cwd: Path, check=True) -> subprocess.CompletedProcess:
+    return run([str(Path(sys.executable).parent / "snakemake"), *args], cwd, check=check)
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory) -> Path:
+    """The embedded demo, run once with the README's own command in a copy of the workflow."""
+    work = copy_workflow(tmp_path_factory.mktemp("demo") / "wf")
+    demo_command = readme_commands()[0]
+    run(demo_command, work)
+    return work
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    from eagle3_datagen.demo import qwen3_tokenizer
+
+    return qwen3_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A random 8-layer Qwen3 with a small vocabulary, for hidden-state tests."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=1024,
+    )
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    Qwen3ForCausalLM(config).save_pretrained(path)
+    return path

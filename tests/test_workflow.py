@@ -1,0 +1,220 @@
+"""The workflow end to end: the README's demo command, its outputs, reruns, profiles, config."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from snakemake.utils import validate
+
+from eagle3_datagen.hidden import HiddenShard
+from eagle3_datagen.io import read_jsonl
+
+from .conftest import REPO, copy_workflow, readme_commands, snakemake
+
+PARTITIONS = {"demo_sharegpt": 2, "demo_openai": 2, "demo_alpaca": 1}
+SCHEMA = REPO / "schemas" / "config.schema.yaml"
+
+
+def shards(partition):
+    return [f"{i:05d}" for i in range(PARTITIONS[partition])]
+
+
+def scheduled(output: str) -> list[tuple[str, str]]:
+    """(rule, partition or '') of every job a verbose dry-run lists."""
+    jobs = []
+    for block in output.split("\nrule ")[1:]:
+        rule = block.split(":", 1)[0].strip()
+        match = re.search(r"wildcards: partition=([\w.-]+)", block)
+        jobs.append((rule, match.group(1) if match else ""))
+    return jobs
+
+
+def test_readme_gives_demo_and_test_commands():
+    demo, tests = readme_commands()[:2]
+    assert demo == "make demo" and tests == "make test"
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+def test_demo_outputs_match_the_contract(demo_dir):
+    for partition in PARTITIONS:
+        stats = json.loads((demo_dir / f"results/{partition}/prompts/stats.json").read_text())
+        prompt_ids = []
+        for shard in shards(partition):
+            prompts = read_jsonl(demo_dir / f"results/{partition}/prompts/{shard}.jsonl.zst")
+            assert all(set(p) == {"id", "messages", "source"} for p in prompts)
+            prompt_ids += [p["id"] for p in prompts]
+            responses = read_jsonl(demo_dir / f"results/{partition}/responses/{shard}.jsonl.zst")
+            assert [r["id"] for r in responses] == [p["id"] for p in prompts]  # each prompt exactly once
+            for r in responses:
+                assert r["backend"] == "hf" and r["status"] in ("ok", "truncated", "malformed")
+                for m in r["messages"]:
+                    if m["role"] == "assistant":
+                        assert {"content", "reasoning", "finish_reason", "usage", "output_ids"} <= set(m)
+            tokens = read_jsonl(demo_dir / f"results/{partition}/tokens/{shard}.jsonl.zst")
+            assert all(set(t) == {"id", "input_ids", "loss_mask"} for t in tokens)
+            assert all(len(t["input_ids"]) == len(t["loss_mask"]) and any(t["loss_mask"]) for t in tokens)
+            audit = json.loads((demo_dir / f"results/{partition}/tokens/{shard}.audit.json").read_text())
+            assert audit["counts"]["samples_out"] == len(tokens)
+            assert audit["special_tokens"]["end_of_turn_id"] == 151645
+            shard_dir = demo_dir / f"results/{partition}/hidden/{shard}"
+            index = json.loads((shard_dir / "index.json").read_text())
+            assert [f.name for f in sorted(shard_dir.glob("part-*.safetensors"))] == [p["file"] for p in index["parts"]]
+            assert HiddenShard(shard_dir).ids == [t["id"] for t in tokens]
+            assert index["tokens"] == sum(len(t["input_ids"]) for t in tokens)
+            assert index["aux_layers"] == [2, 4, 5] and index["final"] == "normed" and index["dtype"] == "bfloat16"
+        assert len(prompt_ids) == len(set(prompt_ids)) == stats["prompts"]
+        summary = json.loads((demo_dir / f"results/report/{partition}.json").read_text())
+        assert summary["prompts"]["prompts"] == stats["prompts"]
+    sharegpt = json.loads((demo_dir / "results/report/demo_sharegpt.json").read_text())
+    assert sharegpt["prompts"]["duplicates"] == 2 and sharegpt["prompts"]["skipped_no_user_turn"] == 1
+    html = (demo_dir / "results/report/summary.html").read_text()
+    assert all(p in html for p in PARTITIONS)
+
+
+def test_demo_model_stops_and_the_audit_matches(demo_dir):
+    for partition in PARTITIONS:
+        summary = json.loads((demo_dir / f"results/report/{partition}.json").read_text())
+        finish = summary["responses"]["finish_reasons"]
+        assert finish.get("stop", 0) >= 0.8 * sum(finish.values())  # a fitted model, not random tokens
+        assert summary["tokens"]["audit"]["semantic"] == 0
+
+
+def test_hidden_states_equal_a_direct_transformers_forward(demo_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(demo_dir / "results/demo/model").eval()
+    checked = 0
+    for partition in PARTITIONS:
+        shard = HiddenShard(demo_dir / f"results/{partition}/hidden/00000")
+        tokens = {t["id"]: t for t in read_jsonl(demo_dir / f"results/{partition}/tokens/00000.jsonl.zst")}
+        for stored in list(shard)[:4]:
+            ids = tokens[stored["id"]]["input_ids"]
+            assert stored["input_ids"].tolist() == ids
+            assert stored["loss_mask"].tolist() == tokens[stored["id"]]["loss_mask"]
+            with torch.no_grad():
+                out = model(torch.tensor([ids]), output_hidden_states=True)
+                final = model.model(torch.tensor([ids])).last_hidden_state[0]
+            aux = torch.cat([out.hidden_states[i][0] for i in (2, 4, 5)], dim=-1)
+            # bf16 storage: 8 bits of mantissa
+            torch.testing.assert_close(stored["aux_hidden_states"].float(), aux, atol=2e-2, rtol=1e-2)
+            torch.testing.assert_close(stored["hidden_states"].float(), final, atol=2e-2, rtol=1e-2)
+            checked += 1
+    assert checked == 12
+
+
+def test_loss_mask_decodes_to_the_assistant_turns(demo_dir):
+    from eagle3_datagen.chat import load_tokenizer
+
+    tokenizer = load_tokenizer(demo_dir / "results/demo/model")
+    seen_multi_turn = seen_system = False
+    for partition in PARTITIONS:
+        for shard in shards(partition):
+            responses = {r["id"]: r for r in read_jsonl(demo_dir / f"results/{partition}/responses/{shard}.jsonl.zst")}
+            for sample in read_jsonl(demo_dir / f"results/{partition}/tokens/{shard}.jsonl.zst"):
+                turns = [m for m in responses[sample["id"]]["messages"] if m["role"] == "assistant"]
+                spans, current = [], []
+                for token, bit in zip(sample["input_ids"], sample["loss_mask"], strict=True):
+                    if bit:
+                        current.append(token)
+                    elif current:
+                        spans.append(current)
+                        current = []
+                spans.append(current)
+                assert len(spans) == len(turns)
+                # the last turn is trained on the exact generated IDs
+                assert spans[-1] == turns[-1]["output_ids"]
+                assert tokenizer.decode(spans[-1]).endswith(turns[-1]["content"] + "<|im_end|>")
+                # earlier turns as the template renders them: content + end of turn
+                for span, turn in zip(spans[:-1], turns[:-1], strict=True):
+                    assert tokenizer.decode(span) == turn["content"] + "<|im_end|>"
+                seen_multi_turn |= len(turns) > 1
+                seen_system |= responses[sample["id"]]["messages"][0]["role"] == "system"
+    assert seen_multi_turn and seen_system
+
+
+def test_reruns_schedule_only_what_a_change_invalidated(demo_dir, tmp_path):
+    assert "Nothing to be done" in snakemake(["-n", "--profile", "profiles/local"], demo_dir).stdout
+    config = yaml.safe_load((demo_dir / "config.yaml").read_text())
+    config["partitions"]["demo_alpaca"]["system_prompt"] = "You are a different assistant."
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(config))
+    out = snakemake(["-n", "--profile", "profiles/local", "--configfile", str(changed)], demo_dir).stdout
+    jobs = scheduled(out)
+    partitions = {p for _, p in jobs if p}
+    assert partitions == {"demo_alpaca"}, jobs
+    assert {r for r, _ in jobs} == {
+        "prompts_demo_alpaca",
+        "responses",
+        "tokens",
+        "hidden_states",
+        "partition_summary",
+        "summary",
+        "all",
+    }
+
+
+@pytest.fixture(scope="module")
+def production_dir(tmp_path_factory):
+    work = copy_workflow(tmp_path_factory.mktemp("prod") / "wf")
+    (work / "data/raw").mkdir(parents=True)
+    for source in ("glaive-function-calling-v2.json", "magicoder-evol-instruct.jsonl"):
+        (work / "data/raw" / source).write_text("")
+    return work
+
+
+@pytest.mark.parametrize("profile", ["gpu", "slurm"])
+@pytest.mark.parametrize("config", ["kimi-k2.5-sglang", "kimi-k2.5-openrouter"])
+def test_production_configs_dry_run_under_profiles(production_dir, profile, config):
+    out = snakemake(
+        ["-n", "--profile", f"profiles/{profile}", "--configfile", f"config/{config}.yaml"], production_dir
+    ).stdout
+    jobs = scheduled(out)
+    assert sum(r == "hidden_states" for r, _ in jobs) == 32
+    assert sum(r == "responses" for r, _ in jobs) == 32
+    blocks = {b.split(":", 1)[0].strip(): b for b in out.split("\nrule ")[1:]}
+    assert re.search(r"\bgpu=8\b", blocks["hidden_states"])
+    responses_gpus = re.search(r"\bgpu=(\d+)", blocks["responses"]).group(1)
+    assert responses_gpus == ("8" if "sglang" in config else "0")
+    if profile == "slurm":
+        assert "slurm_partition=gpu" in blocks["hidden_states"]
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "config/kimi-k2.5-sglang.yaml", "config/kimi-k2.5-openrouter.yaml"])
+def test_shipped_configs_pass_the_schema(name):
+    validate(yaml.safe_load((REPO / name).read_text()), schema=str(SCHEMA))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: c["partitions"]["B1_glaive"].update(shards="two"), "'two' is not of type 'integer'"),
+        (lambda c: c["partitions"]["B1_glaive"].update(format="vicuna"), "'vicuna' is not one of"),
+        (lambda c: c["inference"]["openrouter"].update(api_key="sk-secret"), "'api_key' should not be valid"),
+        (lambda c: c["hidden_states"].update(shard_byte=10), "'shard_byte' was unexpected"),
+    ],
+)
+def test_bad_config_fails_before_any_job_naming_the_key(production_dir, tmp_path, edit, message):
+    config = yaml.safe_load((REPO / "config" / "kimi-k2.5-openrouter.yaml").read_text())
+    edit(config)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(config))
+    proc = snakemake(["-n", "--configfile", str(bad)], production_dir, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr
+    assert "sk-secret" not in proc.stdout + proc.stderr
+    assert "rule " not in proc.stdout
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "scripts").glob("*.py")))
+def test_scripts_are_thin_entry_points_with_help(script):
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "usage:" in proc.stdout
+
+
+def test_no_default_profile_overrides_the_chosen_one():
+    assert not (Path(REPO) / "profiles" / "default").exists()
