@@ -2,7 +2,7 @@ if "demo" in config:
 
     rule build_demo_model:
         input:
-            sources=[part["source"] for part in config["partitions"].values()],
+            sources=[config["partitions"][p]["source"] for p in PARTITIONS],
         output:
             directory(config["model"]["path"]),
         log:
@@ -15,8 +15,8 @@ if "demo" in config:
         params:
             settings=wf.as_json(config["demo"]),
             sources=" ".join(
-                f"--source {part['source']} {part['format']}"
-                for part in config["partitions"].values()
+                f"--source {config['partitions'][p]['source']} {config['partitions'][p]['format']}"
+                for p in PARTITIONS
             ),
         shell:
             "python scripts/build_demo_model.py {params.sources} --out {output} "

@@ -1,7 +1,7 @@
 import pytest
 
 from eagle3_datagen.chat import TemplateError, encode, resolve_special_tokens, split_output_ids
-from eagle3_datagen.tokens import BoundaryError, TokenBuilder, TokenSettings
+from eagle3_datagen.tokens import BoundaryError, ReasoningDroppedError, TokenBuilder, TokenSettings
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 
@@ -164,5 +164,41 @@ def test_split_output_ids_parses_think_blocks(qwen_tokenizer):
     assert split_output_ids(qwen_tokenizer, unclosed, specials).well_formed is False
     control = encode(qwen_tokenizer, "<|im_start|>user\nDone.<|im_end|>")
     assert split_output_ids(qwen_tokenizer, control, specials).well_formed is False
+    closed_prompt = encode(qwen_tokenizer, "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert split_output_ids(qwen_tokenizer, encode(qwen_tokenizer, "Done.<|im_end|>"), specials, closed_prompt) == (
+        "",
+        "Done.",
+        True,
+        True,
+    )
+    again = encode(qwen_tokenizer, "</think>\n\nDone.<|im_end|>")
+    assert split_output_ids(qwen_tokenizer, again, specials, closed_prompt).well_formed is False
+    open_prompt = encode(qwen_tokenizer, "<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    opened = encode(qwen_tokenizer, "plan\n</think>\n\nDone.<|im_end|>")
+    assert split_output_ids(qwen_tokenizer, opened, specials, open_prompt) == ("plan", "Done.", True, True)
+    never_closed = encode(qwen_tokenizer, "Done.")
+    assert split_output_ids(qwen_tokenizer, never_closed, specials, open_prompt).well_formed is False
     plain = encode(qwen_tokenizer, "Done.")
     assert split_output_ids(qwen_tokenizer, plain, specials) == ("", "Done.", False, True)
+
+
+def test_template_that_drops_the_trained_turns_reasoning_fails_loudly(qwen_tokenizer):
+    # Like Kimi-K2.5's: completed assistant turns are rendered with an empty think block.
+    blanking = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.role == 'assistant' %}<think>\n\n</think>\n\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    original = qwen_tokenizer.chat_template
+    qwen_tokenizer.chat_template = blanking
+    try:
+        specials = resolve_special_tokens(qwen_tokenizer)
+        b = TokenBuilder(qwen_tokenizer, specials, TokenSettings())
+        with pytest.raises(ReasoningDroppedError, match="sample sample: the chat template renders the trained"):
+            b.samples_for(row(user("Hi"), reply("Hello.", "think first")))
+        [sample] = TokenBuilder(qwen_tokenizer, specials, TokenSettings(thinking="drop")).samples_for(
+            row(user("Hi"), reply("Hello.", "think first"))
+        )
+        assert masked_spans(qwen_tokenizer, sample) == ["<think>\n\n</think>\n\nHello.<|im_end|>"]
+    finally:
+        qwen_tokenizer.chat_template = original

@@ -137,6 +137,13 @@ def test_loss_mask_decodes_to_the_assistant_turns(demo_dir):
     assert seen_multi_turn and seen_system
 
 
+def test_snakemake_report_builds_from_the_demo_run(demo_dir, tmp_path):
+    report = tmp_path / "report.html"
+    snakemake(["--profile", "profiles/local", "--report", str(report)], demo_dir)
+    html = report.read_text(errors="replace")
+    assert report.stat().st_size > 10_000 and "summary.html" in html
+
+
 def test_reruns_schedule_only_what_a_change_invalidated(demo_dir, tmp_path):
     assert "Nothing to be done" in snakemake(["-n", "--profile", "profiles/local"], demo_dir).stdout
     config = yaml.safe_load((demo_dir / "config.yaml").read_text())

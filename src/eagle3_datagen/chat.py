@@ -153,10 +153,15 @@ class ParsedOutput(NamedTuple):
 
 
 def split_output_ids(
-    tokenizer: PreTrainedTokenizerBase, output_ids: Sequence[int], specials: SpecialTokens
+    tokenizer: PreTrainedTokenizerBase,
+    output_ids: Sequence[int],
+    specials: SpecialTokens,
+    prompt_ids: Sequence[int] = (),
 ) -> ParsedOutput:
     """Generated IDs -> reasoning and content, the way a reasoning parser splits them.
 
+    The generation prompt may already open a think block (the output's reasoning then runs to
+    `</think>`) or close an empty one (the output must then have no think tokens at all).
     Whitespace around the think block is trimmed the way chat templates re-add it. An output
     with an unclosed or repeated think block, or a control token inside the turn, cannot be
     rendered back by the template and is reported as not well formed.
@@ -166,14 +171,21 @@ def split_output_ids(
     if stopped:
         ids = ids[:-1]
     think = {specials.think_start_id, specials.think_end_id} - {None}
+    header = list(prompt_ids)
+    if specials.end_of_turn_id in header:  # only the current assistant header matters
+        header = header[len(header) - header[::-1].index(specials.end_of_turn_id) :]
+    prompt_think = [t for t in header if t in think]
+    opened_by_prompt = prompt_think[-1:] == [specials.think_start_id]
+    closed_by_prompt = prompt_think[-1:] == [specials.think_end_id]
     reasoning, thought = "", []
-    has_think_block = specials.think_end_id is not None and specials.think_end_id in ids
+    has_think_block = not closed_by_prompt and specials.think_end_id in ids
     if has_think_block:
         cut = ids.index(specials.think_end_id)
         thought, ids = ids[:cut], ids[cut + 1 :]
-        if thought and thought[0] == specials.think_start_id:
+        if thought and thought[0] == specials.think_start_id and not opened_by_prompt:
             thought = thought[1:]
         reasoning = tokenizer.decode(thought, skip_special_tokens=False).strip("\n")
-    well_formed = not (think | specials.control_ids).intersection(thought + ids)
+    unclosed = opened_by_prompt and not has_think_block
+    well_formed = not unclosed and not (think | specials.control_ids).intersection(thought + ids)
     content = tokenizer.decode(ids, skip_special_tokens=False)
     return ParsedOutput(reasoning, content.lstrip("\n") if has_think_block else content, stopped, well_formed)

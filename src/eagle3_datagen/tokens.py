@@ -30,6 +30,10 @@ class BoundaryError(ValueError):
     """The chat template is not prefix-stable at an assistant turn's start."""
 
 
+class ReasoningDroppedError(ValueError):
+    """The template would drop the reasoning of the turn being trained."""
+
+
 class AuditFailure(RuntimeError):
     """Too many semantic mismatches between rebuilt and server token IDs."""
 
@@ -166,6 +170,17 @@ class TokenBuilder:
         stopped = messages[index].get("finish_reason", "stop") == "stop"
         return start, end_of_turn + 1 if stopped else end_of_turn
 
+    def _check_reasoning_rendered(self, sample_id: str, span: list[int], turn: dict) -> None:
+        """A template may render a finished turn without its reasoning: never train on that silently."""
+        reasoning = (turn.get("reasoning") or "").strip()
+        if reasoning and reasoning not in self.tokenizer.decode(span, skip_special_tokens=False):
+            raise ReasoningDroppedError(
+                f"sample {sample_id}: the chat template renders the trained assistant turn without its "
+                "reasoning (Kimi-K2.5's template blanks the think block of completed turns), so the rebuilt "
+                "tokens would teach the draft model to skip reasoning. Use a backend that returns output_ids, "
+                "or set tokens.thinking: drop to train on content only"
+            )
+
     def _build(self, sample_id: str, messages: list[dict], loss_turns: list[int]) -> dict | None:
         counts = self.audit.counts
         full = render_ids(self.tokenizer, messages, False, self.template_kwargs)
@@ -187,6 +202,8 @@ class TokenBuilder:
                 input_ids = generated
                 spans[-1] = (len(generated) - len(server), len(generated))
                 ids_from = "server"
+        if ids_from == "text":
+            self._check_reasoning_rendered(sample_id, full[slice(*spans[-1])], last)
         loss_mask = [0] * len(input_ids)
         for start, end in spans:
             loss_mask[start:end] = [1] * (end - start)

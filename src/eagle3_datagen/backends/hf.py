@@ -70,7 +70,7 @@ class HFBackend:
         eot = self.specials.end_of_turn_id
         output_ids = generated[: generated.index(eot) + 1] if eot in generated else generated
         # Rows that stopped early are padded after their end-of-turn token; cut there.
-        parsed = split_output_ids(self.tokenizer, output_ids, self.specials)
+        parsed = split_output_ids(self.tokenizer, output_ids, self.specials, prompt_ids)
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids)}
         return Turn(
             content=parsed.content,
