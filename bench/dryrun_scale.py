@@ -40,8 +40,14 @@ def main() -> None:
         times, jobs = [], None
         for _ in range(args.repeats):
             start = time.perf_counter()
-            out = subprocess.run(["snakemake", "-n", "-q", "--configfile", "big.yaml", "--cores", "1"],
-                                 cwd=work, capture_output=True, text=True, check=True).stdout
+            proc = subprocess.run(
+                ["snakemake", "-n", "--quiet", "rules", "--configfile", "big.yaml", "--cores", "1"],
+                cwd=work,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            out = proc.stdout + proc.stderr
             times.append(time.perf_counter() - start)
             jobs = next(line.split()[-1] for line in out.splitlines() if line.startswith("total"))
         start = time.perf_counter()

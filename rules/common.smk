@@ -16,9 +16,15 @@ def shards(partition):
     return wf.shard_names(config, partition)
 
 
-def get_model_input(wildcards=None):
-    """The demo builds its model; a production model directory is only named in params."""
-    return [config["model"]["path"]] if "demo" in config else []
+# Values that are the same for every job are computed once: per-job input functions are
+# a large share of a dry-run's cost at thousands of jobs.
+# The demo builds its model; a production model directory is only named in params.
+MODEL_INPUT = [config["model"]["path"]] if "demo" in config else []
+TOKEN_SETTINGS = wf.as_json(wf.token_settings(config))
+HIDDEN_SETTINGS = wf.as_json(wf.hidden_settings(config))
+RESPONSE_SETTINGS = {p: wf.as_json(wf.response_settings(config, p)) for p in PARTITIONS}
+RESPONSE_GPUS = {p: wf.gpus_for(config, "responses", p) for p in PARTITIONS}
+HIDDEN_GPUS = wf.gpus_for(config, "hidden_states")
 
 
 def get_prompt_outputs(partition):
@@ -26,15 +32,7 @@ def get_prompt_outputs(partition):
 
 
 def get_response_settings(wildcards):
-    return wf.as_json(wf.response_settings(config, wildcards.partition))
-
-
-def get_token_settings(wildcards):
-    return wf.as_json(wf.token_settings(config))
-
-
-def get_hidden_settings(wildcards):
-    return wf.as_json(wf.hidden_settings(config))
+    return RESPONSE_SETTINGS[wildcards.partition]
 
 
 def get_conda_env(wildcards):
@@ -43,11 +41,8 @@ def get_conda_env(wildcards):
     return {"hf": "../envs/cpu.yaml"}.get(backend, f"../envs/{backend}.yaml")
 
 
-def get_gpus(stage):
-    def gpus(wildcards):
-        return wf.gpus_for(config, stage, wildcards.partition)
-
-    return gpus
+def get_response_gpus(wildcards):
+    return RESPONSE_GPUS[wildcards.partition]
 
 
 def get_partition_stage_files(wildcards):

@@ -1,7 +1,7 @@
 rule hidden_states:
     input:
         tokens="results/{partition}/tokens/{shard}.jsonl.zst",
-        model=get_model_input,
+        model=MODEL_INPUT,
     output:
         directory("results/{partition}/hidden/{shard}"),
     log:
@@ -12,9 +12,9 @@ rule hidden_states:
         "../envs/cpu.yaml"
     threads: 2
     resources:
-        gpu=get_gpus("hidden_states"),
+        gpu=HIDDEN_GPUS,
     params:
-        settings=get_hidden_settings,
+        settings=HIDDEN_SETTINGS,
     shell:
         "python scripts/hidden_states.py --tokens {input.tokens} --out {output} "
         "--settings {params.settings:q} --threads {threads} > {log} 2>&1"

@@ -1,7 +1,7 @@
 rule responses:
     input:
         prompts="results/{partition}/prompts/{shard}.jsonl.zst",
-        model=get_model_input,
+        model=MODEL_INPUT,
     output:
         responses="results/{partition}/responses/{shard}.jsonl.zst",
         stats="results/{partition}/responses/{shard}.stats.json",
@@ -13,7 +13,7 @@ rule responses:
         get_conda_env
     threads: 2
     resources:
-        gpu=get_gpus("responses"),
+        gpu=get_response_gpus,
     params:
         settings=get_response_settings,
     shell:

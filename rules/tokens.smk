@@ -1,7 +1,7 @@
 rule tokens:
     input:
         responses="results/{partition}/responses/{shard}.jsonl.zst",
-        model=get_model_input,
+        model=MODEL_INPUT,
     output:
         tokens="results/{partition}/tokens/{shard}.jsonl.zst",
         audit="results/{partition}/tokens/{shard}.audit.json",
@@ -13,7 +13,7 @@ rule tokens:
         "../envs/cpu.yaml"
     threads: 1
     params:
-        settings=get_token_settings,
+        settings=TOKEN_SETTINGS,
     shell:
         "python scripts/tokens.py --responses {input.responses} --out {output.tokens} "
         "--audit {output.audit} --settings {params.settings:q} --threads {threads} > {log} 2>&1"

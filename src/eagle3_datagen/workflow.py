@@ -58,7 +58,7 @@ def hidden_settings(config: dict) -> dict:
     return {"hidden_states": config["hidden_states"], "model": model_settings(config)}
 
 
-def uses_gpu(config: dict, stage: str, partition: str) -> bool:
+def uses_gpu(config: dict, stage: str, partition: str | None = None) -> bool:
     if stage == "responses":
         backend = inference_backend(config, partition)
         if backend in GPU_BACKENDS:
@@ -69,7 +69,8 @@ def uses_gpu(config: dict, stage: str, partition: str) -> bool:
     )
 
 
-def gpus_for(config: dict, stage: str, partition: str) -> int:
+def gpus_for(config: dict, stage: str, partition: str | None = None) -> int:
+    """GPUs a job of `stage` asks for; only the responses stage depends on the partition."""
     return config["resources"]["gpus_per_node"] if uses_gpu(config, stage, partition) else 0
 
 
