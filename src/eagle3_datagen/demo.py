@@ -16,7 +16,8 @@ from tokenizers import AddedToken
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from .chat import render_ids
-from .io import atomic_dir
+from .io import atomic_dir, iter_records
+from .prompts import PARSERS, detect_format
 
 QWEN3_SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -182,9 +183,6 @@ def build_demo_model(conversations: list[list[dict]], out_dir: str | Path, setti
 
 def training_conversations(sources: list[tuple[str, str]]) -> list[list[dict]]:
     """The demo sources' original conversations (system, user and assistant turns)."""
-    from .io import iter_records
-    from .prompts import PARSERS, detect_format
-
     conversations = []
     for path, fmt in sources:
         for _, record in iter_records(path):
