@@ -1,7 +1,7 @@
 import pytest
 
 from eagle3_datagen.chat import TemplateError, encode, resolve_special_tokens, split_output_ids
-from eagle3_datagen.tokens import BoundaryError, ReasoningDroppedError, TokenBuilder, TokenSettings
+from eagle3_datagen.tokens import BoundaryError, ReasoningDroppedError, TokenBuilder, TokenSettings, loss_spans
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 
@@ -36,16 +36,9 @@ def builder(qwen_tokenizer):
 
 def masked_spans(tokenizer, sample):
     """Decoded text of each contiguous run of loss-mask 1s."""
-    spans, current = [], []
-    for token, bit in zip(sample["input_ids"], sample["loss_mask"], strict=True):
-        if bit:
-            current.append(token)
-        elif current:
-            spans.append(current)
-            current = []
-    if current:
-        spans.append(current)
-    return [tokenizer.decode(s, skip_special_tokens=False) for s in spans]
+    return [
+        tokenizer.decode(s, skip_special_tokens=False) for s in loss_spans(sample["input_ids"], sample["loss_mask"])
+    ]
 
 
 def test_special_tokens_are_read_from_the_tokenizer(qwen_tokenizer):

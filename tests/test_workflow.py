@@ -13,6 +13,7 @@ from snakemake.utils import validate
 
 from eagle3_datagen.hidden import HiddenShard
 from eagle3_datagen.io import read_jsonl
+from eagle3_datagen.tokens import loss_spans
 
 from .conftest import REPO, copy_workflow, readme_commands, snakemake
 
@@ -117,14 +118,7 @@ def test_loss_mask_decodes_to_the_assistant_turns(demo_dir):
             responses = {r["id"]: r for r in read_jsonl(demo_dir / f"results/{partition}/responses/{shard}.jsonl.zst")}
             for sample in read_jsonl(demo_dir / f"results/{partition}/tokens/{shard}.jsonl.zst"):
                 turns = [m for m in responses[sample["id"]]["messages"] if m["role"] == "assistant"]
-                spans, current = [], []
-                for token, bit in zip(sample["input_ids"], sample["loss_mask"], strict=True):
-                    if bit:
-                        current.append(token)
-                    elif current:
-                        spans.append(current)
-                        current = []
-                spans.append(current)
+                spans = loss_spans(sample["input_ids"], sample["loss_mask"])
                 assert len(spans) == len(turns)
                 # the last turn is trained on the exact generated IDs
                 assert spans[-1] == turns[-1]["output_ids"]

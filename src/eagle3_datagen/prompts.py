@@ -64,30 +64,25 @@ def _text(content) -> str:
     raise SkipRecord("unsupported_content")
 
 
-def parse_sharegpt(record: dict) -> list[dict]:
-    turns = record.get("conversations")
+def _parse_turns(record: dict, list_key: str, role_key: str, content_key: str, roles: dict) -> list[dict]:
+    turns = record.get(list_key)
     if not isinstance(turns, list):
-        raise KeyError("conversations")
+        raise KeyError(list_key)
     messages = []
     for turn in turns:
-        role = SHAREGPT_ROLES.get(str(turn.get("from", "")).lower())
+        role = roles.get(str(turn.get(role_key, "")).lower())
         if role is None:
             raise SkipRecord("unknown_role")
-        messages.append({"role": role, "content": _text(turn.get("value"))})
+        messages.append({"role": role, "content": _text(turn.get(content_key))})
     return messages
+
+
+def parse_sharegpt(record: dict) -> list[dict]:
+    return _parse_turns(record, "conversations", "from", "value", SHAREGPT_ROLES)
 
 
 def parse_openai(record: dict) -> list[dict]:
-    turns = record.get("messages")
-    if not isinstance(turns, list):
-        raise KeyError("messages")
-    messages = []
-    for turn in turns:
-        role = OPENAI_ROLES.get(str(turn.get("role", "")).lower())
-        if role is None:
-            raise SkipRecord("unknown_role")
-        messages.append({"role": role, "content": _text(turn.get("content"))})
-    return messages
+    return _parse_turns(record, "messages", "role", "content", OPENAI_ROLES)
 
 
 def parse_alpaca(record: dict) -> list[dict]:

@@ -232,6 +232,19 @@ class TokenBuilder:
         }
 
 
+def loss_spans(input_ids: list[int], loss_mask: list[int]) -> list[list[int]]:
+    """The token IDs of each contiguous run of loss-mask 1s, in order."""
+    spans: list[list[int]] = []
+    previous = 0
+    for token, bit in zip(input_ids, loss_mask, strict=True):
+        if bit:
+            if not previous:
+                spans.append([])
+            spans[-1].append(token)
+        previous = bit
+    return spans
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     return next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
