@@ -1,12 +1,14 @@
 """Stage 3: responses -> input_ids + loss mask, rebuilt with the model's own chat template.
 
-Turn boundaries come from rendering, not from re-encoding text prefixes: a turn starts
-where the rendering of its history with the generation prompt ends (which must be a
-prefix of the whole conversation's rendering) and ends at the end-of-turn token the
-template places after it. The loss covers the turn and its end-of-turn token.
+Turn boundaries come from rendering, not from re-encoding text prefixes: the history
+rendered alone must be a prefix of the whole conversation's rendering, a turn starts where
+the history rendered with the generation prompt stops agreeing with it, and ends at the
+end-of-turn token the template places after it. The loss covers the turn and its
+end-of-turn token.
 
 Where the backend returned the exact generated IDs, they are audited against the IDs
-rebuilt from text and, by default, used for training.
+rebuilt from text and, by default, the last turn is trained on exactly what the model saw
+and produced: the generation prompt followed by those IDs.
 """
 
 from __future__ import annotations
