@@ -16,8 +16,7 @@ def shards(partition):
     return wf.shard_names(config, partition)
 
 
-# Values that are the same for every job are computed once: per-job input functions are
-# a large share of a dry-run's cost at thousands of jobs.
+# Per-job values are computed once here, not in an input function for each job.
 # The demo builds its model; a production model directory is only named in params.
 MODEL_INPUT = [config["model"]["path"]] if "demo" in config else []
 TOKEN_SETTINGS = wf.as_json(wf.token_settings(config))

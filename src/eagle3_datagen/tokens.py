@@ -144,7 +144,9 @@ class TokenBuilder:
                 samples.append(sample)
         return samples
 
-    def _turn_span(self, sample_id: str, full: list[int], messages: list[dict], index: int) -> tuple[int, int]:
+    def _turn_span(
+        self, sample_id: str, full: list[int], messages: list[dict], index: int, prompt: list[int]
+    ) -> tuple[int, int]:
         """Where assistant turn `index` lies in `full`, the rendering of the whole sample.
 
         The history rendered alone must be a prefix of `full`; the turn starts where the history
@@ -153,7 +155,6 @@ class TokenBuilder:
         empty think block it drops from past turns) and ends at the end-of-turn token.
         """
         history = render_ids(self.tokenizer, messages[:index], False, self.template_kwargs)
-        prompt = render_ids(self.tokenizer, messages[:index], True, self.template_kwargs)
         start = _common_prefix(prompt, full)
         if start <= len(history) or prompt[: len(history)] != history:
             raise BoundaryError(
@@ -186,7 +187,9 @@ class TokenBuilder:
     def _build(self, sample_id: str, messages: list[dict], loss_turns: list[int]) -> dict | None:
         counts = self.audit.counts
         full = render_ids(self.tokenizer, messages, False, self.template_kwargs)
-        spans = [self._turn_span(sample_id, full, messages, i) for i in loss_turns]
+        # Each turn's history rendered with the generation prompt: what the model saw.
+        prompts = [render_ids(self.tokenizer, messages[:i], True, self.template_kwargs) for i in loss_turns]
+        spans = [self._turn_span(sample_id, full, messages, i, p) for i, p in zip(loss_turns, prompts, strict=True)]
         input_ids = full[: spans[-1][1]]
         ids_from = "text"
         last = messages[loss_turns[-1]]
@@ -195,7 +198,7 @@ class TokenBuilder:
         # renders that turn with the reasoning it was generated with.
         if server is not None and not (self.settings.thinking == "drop" and last.get("reasoning")):
             # What the model saw and produced: the generation prompt, then its output.
-            generated = render_ids(self.tokenizer, messages[: loss_turns[-1]], True, self.template_kwargs) + server
+            generated = prompts[-1] + server
             start, end = spans[-1]
             self.audit.compare(
                 sample_id, full[start:end], generated[start:], self.tokenizer, self.settings.audit_examples
