@@ -127,6 +127,10 @@ def fit_to_conversations(
     full-vocabulary argmax at generation time anyway.
     """
     torch.manual_seed(seed)
+    # The gradient of the row gather scatters with atomics unless asked not to: without this,
+    # two builds from the same seed differ, and so do the demo's generated responses.
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
     used = torch.tensor(sorted({t for seq in sequences for t in seq}))
     local = {int(t): i for i, t in enumerate(used)}
     longest = max(len(s) for s in sequences)
@@ -154,6 +158,7 @@ def fit_to_conversations(
     with torch.no_grad():
         table[used] = rows
     table.requires_grad_(True)
+    torch.use_deterministic_algorithms(was_deterministic)
     model.eval()
     return losses
 
