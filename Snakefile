@@ -21,6 +21,7 @@ include: "rules/prompts.smk"
 include: "rules/responses.smk"
 include: "rules/tokens.smk"
 include: "rules/hidden.smk"
+include: "rules/probe.smk"
 include: "rules/report.smk"
 
 

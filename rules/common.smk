@@ -24,6 +24,7 @@ HIDDEN_SETTINGS = wf.as_json(wf.hidden_settings(config))
 RESPONSE_SETTINGS = {p: wf.as_json(wf.response_settings(config, p)) for p in PARTITIONS}
 RESPONSE_GPUS = {p: wf.gpus_for(config, "responses", p) for p in PARTITIONS}
 HIDDEN_GPUS = wf.gpus_for(config, "hidden_states")
+PROBE_SETTINGS = {p: wf.as_json(wf.probe_settings(config, p)) for p in PARTITIONS}
 
 
 def get_prompt_outputs(partition):
@@ -40,6 +41,10 @@ def get_conda_env(wildcards):
     return {"hf": "../envs/cpu.yaml"}.get(backend, f"../envs/{backend}.yaml")
 
 
+def get_probe_settings(wildcards):
+    return PROBE_SETTINGS[wildcards.partition]
+
+
 def get_response_gpus(wildcards):
     return RESPONSE_GPUS[wildcards.partition]
 
@@ -53,4 +58,5 @@ def get_partition_stage_files(wildcards):
         ),
         "audits": expand("results/{p}/tokens/{s}.audit.json", p=p, s=shards(p)),
         "hidden": expand("results/{p}/hidden/{s}", p=p, s=shards(p)),
+        "probes": expand("results/{p}/probe/{s}.json", p=p, s=shards(p)),
     }

@@ -10,7 +10,8 @@ rule partition_summary:
     shell:
         "python scripts/report.py --partition {wildcards.partition} "
         "--prompt-stats {input.prompt_stats} --response-stats {input.response_stats} "
-        "--audits {input.audits} --hidden {input.hidden} --out {output} > {log} 2>&1"
+        "--audits {input.audits} --hidden {input.hidden} --probes {input.probes} "
+        "--out {output} > {log} 2>&1"
 
 
 rule summary:

@@ -11,7 +11,7 @@ rule tokens:
         "benchmarks/{partition}/tokens/{shard}.tsv"
     conda:
         "../envs/cpu.yaml"
-    threads: 1
+    threads: 4
     params:
         settings=TOKEN_SETTINGS,
     shell:

@@ -14,6 +14,7 @@ def main() -> None:
     p.add_argument("--response-stats", nargs="*", default=[])
     p.add_argument("--audits", nargs="*", default=[])
     p.add_argument("--hidden", nargs="*", default=[])
+    p.add_argument("--probes", nargs="*", default=[])
     p.add_argument("--combine", nargs="*", help="partition summary JSON files to combine")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -28,6 +29,7 @@ def main() -> None:
             response_stats=args.response_stats,
             audits=args.audits,
             hidden_dirs=args.hidden,
+            probes=args.probes,
         )
 
 

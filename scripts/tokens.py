@@ -13,9 +13,8 @@ def main() -> None:
     args = p.parse_args()
     cli.setup(args)
     model = args.settings["model"]
-    run_tokens(
-        args.responses, args.out, args.audit, model["path"], model, TokenSettings.from_config(args.settings["tokens"])
-    )
+    settings = TokenSettings.from_config(args.settings["tokens"])
+    run_tokens(args.responses, args.out, args.audit, model["path"], model, settings, workers=args.threads)
 
 
 if __name__ == "__main__":

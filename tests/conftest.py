@@ -74,6 +74,14 @@ def qwen_tokenizer():
 
 
 @pytest.fixture(scope="session")
+def kimi_tokenizer_dir(tmp_path_factory) -> Path:
+    """The Kimi-K2.5-style tokenizer saved as a model directory would hold it."""
+    from eagle3_datagen.kimi_style import write_kimi_style_tokenizer
+
+    return write_kimi_style_tokenizer(tmp_path_factory.mktemp("kimi") / "tokenizer")
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A random 8-layer Qwen3 with a small vocabulary, for hidden-state tests."""
     import torch

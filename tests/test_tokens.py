@@ -1,7 +1,17 @@
+import contextlib
+
 import pytest
 
 from eagle3_datagen.chat import TemplateError, encode, resolve_special_tokens, split_output_ids
-from eagle3_datagen.tokens import BoundaryError, ReasoningDroppedError, TokenBuilder, TokenSettings, loss_spans
+from eagle3_datagen.tokens import (
+    CHUNK_ROWS,
+    BoundaryError,
+    ReasoningDroppedError,
+    TokenBuilder,
+    TokenSettings,
+    build_samples,
+    loss_spans,
+)
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 
@@ -32,6 +42,16 @@ def builder(qwen_tokenizer):
         return TokenBuilder(qwen_tokenizer, specials, TokenSettings(**settings), template_kwargs)
 
     return make
+
+
+@contextlib.contextmanager
+def swapped_template(tokenizer, template):
+    original = tokenizer.chat_template
+    tokenizer.chat_template = template
+    try:
+        yield
+    finally:
+        tokenizer.chat_template = original
 
 
 def masked_spans(tokenizer, sample):
@@ -137,16 +157,13 @@ def test_prefix_unstable_template_names_the_sample(qwen_tokenizer):
     # A template that numbers turns from the end renders the history differently each time.
     specials = resolve_special_tokens(qwen_tokenizer)
     b = TokenBuilder(qwen_tokenizer, specials, TokenSettings())
-    original = qwen_tokenizer.chat_template
-    qwen_tokenizer.chat_template = (
+    numbered = (
         "{% for m in messages %}<|im_start|>{{ m.role }} {{ messages|length - loop.index0 }}\n{{ m.content }}"
         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    try:
-        with pytest.raises(BoundaryError, match="sample sample: the chat template is not prefix-stable"):
-            b.samples_for(row(user("Hi"), reply("Hello.")))
-    finally:
-        qwen_tokenizer.chat_template = original
+    prefix_error = pytest.raises(BoundaryError, match="sample sample: the chat template is not prefix-stable")
+    with swapped_template(qwen_tokenizer, numbered), prefix_error:
+        b.samples_for(row(user("Hi"), reply("Hello.")))
 
 
 def test_split_output_ids_parses_think_blocks(qwen_tokenizer):
@@ -175,16 +192,30 @@ def test_split_output_ids_parses_think_blocks(qwen_tokenizer):
     assert split_output_ids(qwen_tokenizer, plain, specials) == ("", "Done.", False, True)
 
 
-def test_template_that_drops_the_trained_turns_reasoning_fails_loudly(qwen_tokenizer):
+def test_empty_think_block_of_the_trained_turn_is_filled_as_generated(qwen_tokenizer):
     # Like Kimi-K2.5's: completed assistant turns are rendered with an empty think block.
     blanking = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n"
         "{% if m.role == 'assistant' %}<think>\n\n</think>\n\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    original = qwen_tokenizer.chat_template
-    qwen_tokenizer.chat_template = blanking
-    try:
+    with swapped_template(qwen_tokenizer, blanking):
+        specials = resolve_special_tokens(qwen_tokenizer)
+        conversation = row(user("Hi"), reply("Hello.", "greet"), user("Bye"), reply("Goodbye.", "part"))
+        [sample] = TokenBuilder(qwen_tokenizer, specials, TokenSettings()).samples_for(conversation)
+        assert masked_spans(qwen_tokenizer, sample) == [
+            "<think>\n\n</think>\n\nHello.<|im_end|>",
+            "<think>\npart\n</think>\n\nGoodbye.<|im_end|>",
+        ]
+
+
+def test_template_that_drops_the_trained_turns_reasoning_fails_loudly(qwen_tokenizer):
+    # No think block at all: the reasoning has nowhere to go.
+    bare = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with swapped_template(qwen_tokenizer, bare):
         specials = resolve_special_tokens(qwen_tokenizer)
         b = TokenBuilder(qwen_tokenizer, specials, TokenSettings())
         with pytest.raises(ReasoningDroppedError, match="sample sample: the chat template renders the trained"):
@@ -192,6 +223,46 @@ def test_template_that_drops_the_trained_turns_reasoning_fails_loudly(qwen_token
         [sample] = TokenBuilder(qwen_tokenizer, specials, TokenSettings(thinking="drop")).samples_for(
             row(user("Hi"), reply("Hello.", "think first"))
         )
-        assert masked_spans(qwen_tokenizer, sample) == ["<think>\n\n</think>\n\nHello.<|im_end|>"]
-    finally:
-        qwen_tokenizer.chat_template = original
+        assert masked_spans(qwen_tokenizer, sample) == ["Hello.<|im_end|>"]
+
+
+TRICKY_CONTENT = [
+    "  leading spaces",
+    "\n\nleading newlines",
+    "def f(x):\n    return x  # 🙂\n",
+    "中文回答，带标点。",
+    "trailing\n",
+    "ends with a tab\t",
+]
+
+
+def tricky_rows(n):
+    rows = []
+    for i in range(n):
+        a, b = TRICKY_CONTENT[i % len(TRICKY_CONTENT)], TRICKY_CONTENT[(i * 5 + 1) % len(TRICKY_CONTENT)]
+        messages = [user(f"question {i} {b}"), reply(a, "step one\n" if i % 2 else ""), user(b), reply(b + str(i))]
+        rows.append({"id": f"r{i}", "messages": messages, "status": "ok"})
+    return rows
+
+
+def test_offset_boundaries_agree_with_prefix_reencoding(qwen_tokenizer):
+    specials = resolve_special_tokens(qwen_tokenizer)
+    rows = tricky_rows(36)
+    by_offsets = TokenBuilder(qwen_tokenizer, specials, TokenSettings(), boundaries="offsets").samples_for_rows(rows)
+    by_prefix = TokenBuilder(qwen_tokenizer, specials, TokenSettings(), boundaries="prefix").samples_for_rows(rows)
+    assert len(by_offsets) == 36
+    assert by_offsets == by_prefix
+
+
+def test_worker_processes_give_the_same_samples_and_audit(kimi_tokenizer_dir):
+    rows = tricky_rows(CHUNK_ROWS * 2 + 7)
+    for n, r in enumerate(rows):
+        if n % 3 == 0:
+            r["status"] = "truncated"
+    model = {"special_tokens": {"expected_ids": {"<|im_end|>": 163586}}}
+    one, one_report = build_samples(rows, kimi_tokenizer_dir, model, TokenSettings(), workers=1)
+    two, two_report = build_samples(rows, kimi_tokenizer_dir, model, TokenSettings(), workers=2)
+    assert len(one) == len(rows) - len(range(0, len(rows), 3))
+    assert one == two
+    assert one_report == two_report
+    assert one_report["counts"]["dropped_truncated"] == len(range(0, len(rows), 3))

@@ -131,6 +131,19 @@ def test_loss_mask_decodes_to_the_assistant_turns(demo_dir):
     assert seen_multi_turn and seen_system
 
 
+def test_probe_finds_the_demo_shards_aligned(demo_dir):
+    for partition, shards in PARTITIONS.items():
+        probe = json.loads((demo_dir / f"results/report/{partition}.json").read_text())["probe"]
+        assert probe["verdicts"] == {"ok": shards} and probe["greedy_exact"] is True
+        assert probe["last_turn"]["top1_agreement"] >= 0.98
+        assert probe["by_position"][0]["positions"] > 0
+        shard = json.loads((demo_dir / f"results/{partition}/probe/00000.json").read_text())
+        # the demo model ties its LM head to the embedding: those two tensors, nothing else
+        assert shard["tensors_loaded"] == ["model.embed_tokens.weight", "model.norm.weight"]
+    html = (demo_dir / "results/report/summary.html").read_text()
+    assert "<svg" in html and "agreement-plot" in html and "top-1 agreement, last turns" in html
+
+
 def test_snakemake_report_builds_from_the_demo_run(demo_dir, tmp_path):
     report = tmp_path / "report.html"
     snakemake(["--profile", "profiles/local", "--report", str(report)], demo_dir)
@@ -153,6 +166,7 @@ def test_reruns_schedule_only_what_a_change_invalidated(demo_dir, tmp_path):
         "responses",
         "tokens",
         "hidden_states",
+        "probe",
         "partition_summary",
         "summary",
         "all",

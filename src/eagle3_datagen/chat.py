@@ -14,7 +14,7 @@ from typing import NamedTuple
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 PROBE_USER = "Say hi."
-PROBE_ASSISTANT = "hi"
+PROBE_ASSISTANT = "Probe reply."
 
 
 class TemplateError(ValueError):
@@ -29,6 +29,8 @@ class SpecialTokens:
     think_start_id: int | None
     think_end: str | None
     think_end_id: int | None
+    # Every special token the template renders in a conversation (role headers, separators).
+    template_tokens: dict[str, int] = field(default_factory=dict)
     # Other special (control) tokens: a turn that contains one is not a well-formed answer.
     control_ids: frozenset[int] = field(default=frozenset(), repr=False)
 
@@ -45,6 +47,9 @@ def load_tokenizer(model_path: str | Path, trust_remote_code: bool = False) -> P
     return tokenizer
 
 
+TEMPLATE_FIELDS = ("tool_calls", "tool_call_id", "name")
+
+
 def template_messages(messages: Sequence[dict]) -> list[dict]:
     """Our message rows -> the dicts chat templates expect (reasoning as `reasoning_content`)."""
     out = []
@@ -52,6 +57,7 @@ def template_messages(messages: Sequence[dict]) -> list[dict]:
         item = {"role": message["role"], "content": message["content"]}
         if message["role"] == "assistant":
             item["reasoning_content"] = message.get("reasoning") or ""
+        item.update({k: message[k] for k in TEMPLATE_FIELDS if message.get(k)})
         out.append(item)
     return out
 
@@ -110,7 +116,7 @@ def detect_end_of_turn(tokenizer: PreTrainedTokenizerBase, template_kwargs: dict
     if not full.startswith(prefix):
         raise TemplateError("the chat template is not prefix-stable for a one-turn conversation")
     turn = full[len(prefix) :]
-    after_content = turn[turn.index(PROBE_ASSISTANT) + len(PROBE_ASSISTANT) :]
+    after_content = turn[turn.rindex(PROBE_ASSISTANT) + len(PROBE_ASSISTANT) :]
     special = _special_ids(tokenizer)
     for token_id in encode(tokenizer, after_content):
         if token_id in special:
@@ -121,19 +127,50 @@ def detect_end_of_turn(tokenizer: PreTrainedTokenizerBase, template_kwargs: dict
     )
 
 
+def template_special_tokens(tokenizer: PreTrainedTokenizerBase, template_kwargs: dict | None = None) -> list[str]:
+    """The special tokens a rendered system/user/assistant exchange contains, in first-seen order."""
+    probe = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": PROBE_USER},
+        {"role": "assistant", "content": PROBE_ASSISTANT},
+    ]
+    special = _special_ids(tokenizer)
+    ids = render_ids(tokenizer, probe, False, template_kwargs) + render_ids(tokenizer, probe[:2], True, template_kwargs)
+    return list(dict.fromkeys(tokenizer.convert_ids_to_tokens(i) for i in ids if i in special))
+
+
 def resolve_special_tokens(
     tokenizer: PreTrainedTokenizerBase, configured: dict | None = None, template_kwargs: dict | None = None
 ) -> SpecialTokens:
-    """Resolve end-of-turn and thinking tokens (config strings, or `auto`) to checked IDs."""
+    """Resolve end-of-turn, template and thinking tokens to IDs, each checked to round-trip.
+
+    `configured` may name the end-of-turn token (else it is read from the template; when named,
+    it must be the one the template places) and pin IDs (`expected_ids`), which must match.
+    """
     configured = configured or {}
+    detected = detect_end_of_turn(tokenizer, template_kwargs)
     end_of_turn = configured.get("end_of_turn", "auto")
     if end_of_turn == "auto":
-        end_of_turn = detect_end_of_turn(tokenizer, template_kwargs)
+        end_of_turn = detected
+    elif end_of_turn != detected:
+        single_token_id(tokenizer, end_of_turn)  # a token outside the vocabulary gets that message first
+        raise TemplateError(
+            f"model.special_tokens.end_of_turn is {end_of_turn!r}, but the chat template ends an assistant turn "
+            f"with {detected!r}; set it to {detected!r} or to auto"
+        )
+    template_tokens = {t: single_token_id(tokenizer, t) for t in template_special_tokens(tokenizer, template_kwargs)}
     think_start = configured.get("think_start", "<think>")
     think_end = configured.get("think_end", "</think>")
     vocab = tokenizer.get_vocab()
     has_thinking = think_start in vocab and think_end in vocab
     end_of_turn_id = single_token_id(tokenizer, end_of_turn)
+    for token, expected in (configured.get("expected_ids") or {}).items():
+        actual = single_token_id(tokenizer, token)
+        if actual != expected:
+            raise TemplateError(
+                f"model.special_tokens.expected_ids says {token!r} is {expected}, but this tokenizer maps it to "
+                f"{actual}: the config and the model directory disagree; fix the config or model.path"
+            )
     return SpecialTokens(
         end_of_turn=end_of_turn,
         end_of_turn_id=end_of_turn_id,
@@ -141,6 +178,7 @@ def resolve_special_tokens(
         think_start_id=single_token_id(tokenizer, think_start) if has_thinking else None,
         think_end=think_end if has_thinking else None,
         think_end_id=single_token_id(tokenizer, think_end) if has_thinking else None,
+        template_tokens=template_tokens,
         control_ids=frozenset(_special_ids(tokenizer) - {end_of_turn_id}),
     )
 

@@ -29,6 +29,7 @@ from .models import DTYPES, load_causal_lm
 log = logging.getLogger(__name__)
 
 FORMAT = "eagle3-datagen/hidden-v1"
+COLUMNS = ("input_ids", "loss_mask", "aux_hidden_states", "hidden_states")
 # Per token besides the hidden states: int32 input_ids + uint8 loss_mask.
 ID_AND_MASK_BYTES = 5
 
@@ -298,22 +299,20 @@ class HiddenShard:
                 f"do not match the configured aux={list(aux_layers)} final={final}; rerun the hidden stage"
             )
 
-    def _sample(self, f, offsets: torch.Tensor, sid: str, k: int) -> dict:
+    def _sample(self, f, offsets: torch.Tensor, sid: str, k: int, columns: Sequence[str] = COLUMNS) -> dict:
         a, b = int(offsets[k]), int(offsets[k + 1])
-        return {
-            "id": sid,
-            "input_ids": f.get_slice("input_ids")[a:b],
-            "loss_mask": f.get_slice("loss_mask")[a:b],
-            "aux_hidden_states": f.get_slice("aux_hidden_states")[a:b],
-            "hidden_states": f.get_slice("hidden_states")[a:b],
-        }
+        return {"id": sid, **{name: f.get_slice(name)[a:b] for name in columns}}
 
-    def __iter__(self) -> Iterator[dict]:
+    def iter_samples(self, columns: Sequence[str] = COLUMNS) -> Iterator[dict]:
+        """Samples in order, with only `columns` read (e.g. no auxiliary states)."""
         for part in self.index["parts"]:
             with safe_open(str(self.path / part["file"]), "pt") as f:
                 offsets = f.get_tensor("offsets")
                 for k, sid in enumerate(part["ids"]):
-                    yield self._sample(f, offsets, sid, k)
+                    yield self._sample(f, offsets, sid, k, columns)
+
+    def __iter__(self) -> Iterator[dict]:
+        return self.iter_samples()
 
     def __getitem__(self, sample_id: str) -> dict:
         number, k = self._where[sample_id]

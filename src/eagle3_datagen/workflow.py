@@ -10,6 +10,7 @@ import json
 
 BACKENDS = ("hf", "sglang", "openrouter")
 GPU_BACKENDS = ("sglang",)
+ID_BACKENDS = ("hf", "sglang")  # backends that return the generated token IDs
 
 
 def shard_names(config: dict, partition: str) -> list[str]:
@@ -56,6 +57,22 @@ def token_settings(config: dict) -> dict:
 
 def hidden_settings(config: dict) -> dict:
     return {"hidden_states": config["hidden_states"], "model": model_settings(config)}
+
+
+def probe_settings(config: dict, partition: str) -> dict:
+    """The probe's thresholds, and whether the partition's data is greedy with exact output IDs."""
+    backend = inference_backend(config, partition)
+    greedy_exact = (
+        backend in ID_BACKENDS
+        and config["inference"]["sampling"].get("temperature", 0.0) == 0.0
+        and config["tokens"].get("prefer_ids", "server") == "server"
+    )
+    return {
+        "probe": config.get("probe") or {},
+        "backend": backend,
+        "greedy_exact": greedy_exact,
+        "model": {"path": config["model"]["path"]},
+    }
 
 
 def uses_gpu(config: dict, stage: str, partition: str | None = None) -> bool:

@@ -1,0 +1,18 @@
+rule probe:
+    input:
+        hidden="results/{partition}/hidden/{shard}",
+        model=MODEL_INPUT,
+    output:
+        "results/{partition}/probe/{shard}.json",
+    log:
+        "logs/{partition}/probe/{shard}.log",
+    benchmark:
+        "benchmarks/{partition}/probe/{shard}.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    threads: 2
+    params:
+        settings=get_probe_settings,
+    shell:
+        "python scripts/probe.py --hidden {input.hidden} --partition {wildcards.partition} "
+        "--out {output} --settings {params.settings:q} --threads {threads} > {log} 2>&1"

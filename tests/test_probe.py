@@ -1,0 +1,126 @@
+"""The probe on a random model's greedy data, and on deliberately broken variants of it.
+
+A random model predicts nothing but its own greedy choices, so any position the probe is
+pointed at wrongly shows: a prompt token in the mask, a state from the wrong layer, or a
+context other than the one the response was generated in.
+"""
+
+import json
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from eagle3_datagen.backends.hf import HFBackend
+from eagle3_datagen.hidden import HFCapture, capture_shard
+from eagle3_datagen.probe import LMHead, ProbeFailure, ProbeSettings, run_probe
+from eagle3_datagen.responses import regenerate
+from eagle3_datagen.tokens import TokenSettings, build_samples
+
+THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
+HIDDEN = {"dtype": "float32", "shard_bytes": 1 << 20, "max_batch_tokens": 256}
+
+
+@pytest.fixture(scope="module")
+def random_model_dir(tmp_path_factory, qwen_tokenizer):
+    torch.manual_seed(1)
+    config = Qwen3Config(
+        vocab_size=len(qwen_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=False,
+    )
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():  # a final norm that is not all ones, so normed and raw states differ
+        model.model.norm.weight.uniform_(-2.0, 2.0)
+    path = tmp_path_factory.mktemp("random") / "model"
+    model.save_pretrained(path, max_shard_size="10MB")  # sharded: the probe reads the index
+    qwen_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def greedy_rows(random_model_dir):
+    prompts = [
+        {"id": f"p{i}", "source": "test", "messages": [{"role": "user", "content": f"Question {i}: {topic}?"}]}
+        for i, topic in enumerate(["rivers", "prime numbers", "sorting", "tides", "bread", "orbits"] * 2)
+    ]
+    backend = HFBackend(random_model_dir, {"max_new_tokens": 16, "temperature": 0.0}, {"batch_size": 4}, THINKING_OFF)
+    return regenerate(prompts, backend)
+
+
+def samples_for(rows, model_dir, model_settings=THINKING_OFF):
+    samples, _ = build_samples(rows, model_dir, model_settings, TokenSettings(keep_truncated=True))
+    return samples
+
+
+def shard(tmp_path, name, samples, model_dir, final="normed", final_layer=None):
+    capture = HFCapture(model_dir, "auto", final, {"dtype": "float32"})
+    if final_layer is not None:
+        capture.num_layers = final_layer  # a capture that takes the final state from another layer
+    out = tmp_path / name
+    capture_shard(samples, out, capture, HIDDEN)
+    return out
+
+
+def probe(tmp_path, shard_dir, model_dir, greedy_exact=True):
+    return run_probe(
+        shard_dir, tmp_path / f"{shard_dir.name}.json", model_dir, ProbeSettings(), "P1", "hf", greedy_exact
+    )
+
+
+def test_greedy_data_agrees_and_only_head_and_norm_are_read(tmp_path, random_model_dir, greedy_rows):
+    result = probe(
+        tmp_path, shard(tmp_path, "ok", samples_for(greedy_rows, random_model_dir), random_model_dir), random_model_dir
+    )
+    assert result["verdict"] == "ok"
+    assert result["positions_probed"] == result["positions_total"] == 12 * 16
+    assert result["last_turn"]["top1_agreement"] >= 0.99
+    assert result["by_position"][0]["positions"] == 12
+    assert result["tensors_loaded"] == ["lm_head.weight", "model.norm.weight"]
+    written = json.loads((tmp_path / "ok.json").read_text())
+    assert written["partition"] == "P1" and written["backend"] == "hf"
+
+
+def test_lm_head_reads_two_tensors_of_a_sharded_checkpoint(random_model_dir):
+    index = json.loads((random_model_dir / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    head = LMHead(random_model_dir)
+    assert head.loaded == ["lm_head.weight", "model.norm.weight"]
+    assert tuple(head.weight.shape) == (151669, 32)
+
+
+def test_shifted_loss_mask_fails(tmp_path, random_model_dir, greedy_rows):
+    shifted = []
+    for sample in samples_for(greedy_rows, random_model_dir):
+        mask = sample["loss_mask"]
+        shifted.append({**sample, "loss_mask": mask[1:] + [0]})  # one token early: the prompt's last
+    with pytest.raises(ProbeFailure, match=r"partition P1, shard shifted .*first 4 response positions"):
+        probe(tmp_path, shard(tmp_path, "shifted", shifted, random_model_dir), random_model_dir)
+
+
+def test_wrong_final_layer_fails(tmp_path, random_model_dir, greedy_rows):
+    samples = samples_for(greedy_rows, random_model_dir)
+    wrong = shard(tmp_path, "layer7", samples, random_model_dir, final="raw", final_layer=7)
+    with pytest.raises(ProbeFailure, match=r"top-1 agreement on the last turns is 0\.\d+.*Likely causes: a loss"):
+        probe(tmp_path, wrong, random_model_dir)
+
+
+def test_swapped_chat_template_fails(tmp_path, random_model_dir, greedy_rows):
+    # Generated with thinking off; tokens rebuilt as if thinking were on: the model's context
+    # lacks the closed think block it saw.
+    samples = samples_for(greedy_rows, random_model_dir, {"chat_template_kwargs": {"enable_thinking": True}})
+    with pytest.raises(ProbeFailure, match="first 4 response positions"):
+        probe(tmp_path, shard(tmp_path, "swapped", samples, random_model_dir), random_model_dir)
+
+
+def test_text_rebuilt_data_is_judged_on_log_probability(tmp_path, random_model_dir, greedy_rows):
+    samples = samples_for(greedy_rows, random_model_dir, {"chat_template_kwargs": {"enable_thinking": True}})
+    result = probe(tmp_path, shard(tmp_path, "text", samples, random_model_dir), random_model_dir, greedy_exact=False)
+    assert result["greedy_exact"] is False
+    assert result["verdict"] in ("ok", "warn")
+    assert result["verdict"] == ("warn" if result["all"]["mean_logprob"] < -3.0 else "ok")
