@@ -23,12 +23,25 @@ TOKEN_SETTINGS = wf.as_json(wf.token_settings(config))
 HIDDEN_SETTINGS = wf.as_json(wf.hidden_settings(config))
 RESPONSE_SETTINGS = {p: wf.as_json(wf.response_settings(config, p)) for p in PARTITIONS}
 RESPONSE_GPUS = {p: wf.gpus_for(config, "responses", p) for p in PARTITIONS}
+# One job launches the SGLang server and answers every shard of these partitions.
+SERVER_PARTITIONS = [p for p in PARTITIONS if wf.served_by_launched_server(config, p)]
+SHARD_JOB_PARTITIONS = [p for p in PARTITIONS if p not in SERVER_PARTITIONS]
 HIDDEN_GPUS = wf.gpus_for(config, "hidden_states")
 PROBE_SETTINGS = {p: wf.as_json(wf.probe_settings(config, p)) for p in PARTITIONS}
 
 
 def get_prompt_outputs(partition):
     return expand("results/{p}/prompts/{s}.jsonl.zst", p=partition, s=shards(partition))
+
+
+def get_server_outputs(kind):
+    """Every server-served shard's `kind` file: prompts, responses or stats."""
+    pattern = {
+        "prompts": "results/{p}/prompts/{s}.jsonl.zst",
+        "responses": "results/{p}/responses/{s}.jsonl.zst",
+        "stats": "results/{p}/responses/{s}.stats.json",
+    }[kind]
+    return [pattern.format(p=p, s=s) for p in SERVER_PARTITIONS for s in shards(p)]
 
 
 def get_response_settings(wildcards):
@@ -47,6 +60,11 @@ def get_probe_settings(wildcards):
 
 def get_response_gpus(wildcards):
     return RESPONSE_GPUS[wildcards.partition]
+
+
+def get_response_slurm_partition(wildcards):
+    """GPU jobs go to the cluster's GPU partition, API clients and CPU work to the CPU one."""
+    return "gpu" if RESPONSE_GPUS[wildcards.partition] else "cpu"
 
 
 def get_partition_stage_files(wildcards):

@@ -13,6 +13,7 @@ rule hidden_states:
     threads: 2
     resources:
         gpu=HIDDEN_GPUS,
+        slurm_partition="gpu" if HIDDEN_GPUS else "cpu",
     params:
         settings=HIDDEN_SETTINGS,
     shell:

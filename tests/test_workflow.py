@@ -1,7 +1,9 @@
 """The workflow end to end: the README's demo command, its outputs, reruns, profiles, config."""
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ from snakemake.utils import validate
 
 from eagle3_datagen.hidden import HiddenShard
 from eagle3_datagen.io import read_jsonl
+from eagle3_datagen.loopback import Loopback, serve_in_thread
 from eagle3_datagen.tokens import loss_spans
 
 from .conftest import REPO, copy_workflow, readme_commands, snakemake
@@ -190,13 +193,17 @@ def test_production_configs_dry_run_under_profiles(production_dir, profile, conf
     ).stdout
     jobs = scheduled(out)
     assert sum(r == "hidden_states" for r, _ in jobs) == 32
-    assert sum(r == "responses" for r, _ in jobs) == 32
     blocks = {b.split(":", 1)[0].strip(): b for b in out.split("\nrule ")[1:]}
     assert re.search(r"\bgpu=8\b", blocks["hidden_states"])
-    responses_gpus = re.search(r"\bgpu=(\d+)", blocks["responses"]).group(1)
-    assert responses_gpus == ("8" if "sglang" in config else "0")
-    if profile == "slurm":
-        assert "slurm_partition=gpu" in blocks["hidden_states"]
+    if "sglang" in config:  # the config launches the server: one job answers both partitions
+        assert sum(r == "responses_sglang_server" for r, _ in jobs) == 1
+        assert sum(r == "responses" for r, _ in jobs) == 0
+        responses = blocks["responses_sglang_server"]
+        assert re.search(r"\bgpu=8\b", responses) and "slurm_partition=gpu" in responses
+    else:
+        assert sum(r == "responses" for r, _ in jobs) == 32
+        assert re.search(r"\bgpu=0\b", blocks["responses"]) and "slurm_partition=cpu" in blocks["responses"]
+    assert "slurm_partition=gpu" in blocks["hidden_states"]
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "config/kimi-k2.5-sglang.yaml", "config/kimi-k2.5-openrouter.yaml"])
@@ -209,7 +216,7 @@ def test_shipped_configs_pass_the_schema(name):
     [
         (lambda c: c["partitions"]["B1_glaive"].update(shards="two"), "'two' is not of type 'integer'"),
         (lambda c: c["partitions"]["B1_glaive"].update(format="vicuna"), "'vicuna' is not one of"),
-        (lambda c: c["inference"]["openrouter"].update(api_key="sk-secret"), "'api_key' should not be valid"),
+        (lambda c: c["inference"]["openrouter"].update(api_key="sk-secret"), "'api_key' is not one of"),
         (lambda c: c["hidden_states"].update(shard_byte=10), "'shard_byte' was unexpected"),
     ],
 )
@@ -233,3 +240,34 @@ def test_scripts_are_thin_entry_points_with_help(script):
 
 def test_no_default_profile_overrides_the_chosen_one():
     assert not (Path(REPO) / "profiles" / "default").exists()
+
+
+def test_openrouter_key_never_reaches_the_work_dir(demo_dir, tmp_path, monkeypatch):
+    work = tmp_path / "wf"
+    shutil.copytree(demo_dir, work, symlinks=True)
+    marker = "sk-or-v1-MARKER-3d5e0c1b9f"
+    monkeypatch.setenv("E3DG_MARKER_KEY", marker)
+    server = Loopback("unused", api_key=marker)
+    with serve_in_thread(server) as url:
+        config = yaml.safe_load((work / "config.yaml").read_text())
+        config["partitions"]["demo_alpaca"]["backend"] = "openrouter"
+        config["inference"]["openrouter"] = {
+            "base_url": url,
+            "model": "moonshotai/kimi-k2.5",
+            "api_key_env": "E3DG_MARKER_KEY",
+            "reasoning": {"enabled": False},
+        }
+        (work / "openrouter.yaml").write_text(yaml.safe_dump(config))
+        snakemake(["--profile", "profiles/local", "--configfile", "openrouter.yaml"], work)
+    rows = read_jsonl(work / "results/demo_alpaca/responses/00000.jsonl.zst")
+    assert {r["backend"] for r in rows} == {"openrouter"} and sum(server.completed.values()) == len(rows)
+    probe = json.loads((work / "results/demo_alpaca/probe/00000.json").read_text())
+    assert probe["greedy_exact"] is False and probe["backend"] == "openrouter"
+    scanned = 0
+    for root, _dirs, files in os.walk(work, followlinks=False):
+        for name in files:
+            path = Path(root) / name
+            if not path.is_symlink():
+                assert marker.encode() not in path.read_bytes(), path
+                scanned += 1
+    assert scanned > 100 and (work / ".snakemake").is_dir()

@@ -47,8 +47,16 @@ def response_settings(config: dict, partition: str) -> dict:
         "backend": backend,
         "sampling": inference["sampling"],
         backend: inference.get(backend) or {},
+        "token_budget": inference.get("token_budget"),
         "model": model_settings(config),
     }
+
+
+def served_by_launched_server(config: dict, partition: str) -> bool:
+    """Partitions whose responses come from the SGLang server one job launches for all of them."""
+    return inference_backend(config, partition) == "sglang" and bool(
+        (config["inference"].get("sglang") or {}).get("launch")
+    )
 
 
 def token_settings(config: dict) -> dict:

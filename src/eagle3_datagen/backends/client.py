@@ -1,0 +1,55 @@
+"""The HTTP session both API backends use: one aiohttp session, retried POSTs."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from .http import RetryableError, RetryPolicy, classify, parse_retry_after
+
+
+class JsonClient:
+    def __init__(self, base_url: str, connections: int, timeout_s: float, retry: RetryPolicy, headers=None):
+        self.base_url = base_url.rstrip("/")
+        self.connections = connections
+        self.timeout_s = timeout_s
+        self.retry = retry
+        self._headers = headers or {}
+        self.session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self.connections),
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            headers=self._headers,
+        )
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def get(self, path: str) -> tuple[int, object]:
+        async with self.session.get(self.base_url + path) as resp:
+            return resp.status, await resp.json(content_type=None)
+
+    async def _attempt(self, path: str, payload: dict, check) -> dict:
+        try:
+            async with self.session.post(self.base_url + path, json=payload) as resp:
+                try:
+                    body = await resp.json(content_type=None)
+                except ValueError:
+                    body = {"error": {"message": (await resp.text())[:300]}}
+                if resp.status != 200:
+                    raise classify(resp.status, body, parse_retry_after(resp.headers.get("Retry-After")))
+        except (TimeoutError, aiohttp.ClientError) as e:
+            raise RetryableError(f"{type(e).__name__}: {e}") from None
+        check(body)
+        return body
+
+    async def post(self, path: str, payload: dict, check=lambda body: None) -> tuple[dict, int]:
+        """POST with retries; returns the body and the number of attempts it took."""
+        async for attempt in self.retry.retrying():
+            with attempt:
+                body = await self._attempt(path, payload, check)
+            if not attempt.retry_state.outcome.failed:
+                return body, attempt.retry_state.attempt_number
+        raise AssertionError("unreachable: tenacity reraises the last error")

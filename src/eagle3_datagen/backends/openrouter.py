@@ -1,0 +1,118 @@
+"""OpenRouter's OpenAI-compatible chat completions: text only, priced, highly concurrent.
+
+The API key is read from the environment variable named by `api_key_env` and lives only in
+the HTTP session's headers: never in settings, logs, outputs or error messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from ..responses import Turn
+from .client import JsonClient
+from .http import RetryableError, RetryPolicy
+
+DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
+MAX_CONCURRENCY = 2000
+
+
+class MissingApiKey(RuntimeError):
+    pass
+
+
+def _check_completion(body: dict) -> None:
+    """A 200 can still be a failed generation: an `error` object, or no usable choice."""
+    if body.get("error"):
+        raise RetryableError(f"HTTP 200 with error: {body['error']}")
+    choices = body.get("choices") or []
+    if not choices or choices[0].get("message") is None:
+        raise RetryableError("HTTP 200 with no choice")
+    if choices[0].get("finish_reason") == "error" or choices[0].get("error"):
+        raise RetryableError(f"HTTP 200, generation error: {choices[0].get('error')}")
+
+
+class OpenRouterBackend:
+    name = "openrouter"
+
+    def __init__(self, sampling: dict, settings: dict):
+        key_env = settings.get("api_key_env", "OPENROUTER_API_KEY")
+        key = os.environ.get(key_env)
+        if not key:
+            raise MissingApiKey(f"the environment variable {key_env} is not set; export the OpenRouter API key there")
+        self.model = settings["model"]
+        self.sampling = sampling
+        self.max_tokens = settings.get("max_tokens", sampling["max_new_tokens"])
+        self.concurrency = min(settings.get("concurrency", 256), MAX_CONCURRENCY)
+        self.provider = settings.get("provider")
+        self.reasoning = settings.get("reasoning", {"enabled": True})
+        self.client = JsonClient(
+            settings.get("base_url", DEFAULT_BASE_URL),
+            self.concurrency,
+            settings.get("request_timeout", 900),
+            RetryPolicy.from_config(settings.get("retry", {})),
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        self._slots = asyncio.Semaphore(self.concurrency)
+
+    def fingerprint(self) -> dict:
+        return {
+            "backend": self.name,
+            "model": self.model,
+            "sampling": self.sampling,
+            "max_tokens": self.max_tokens,
+            "provider": self.provider,
+            "reasoning": self.reasoning,
+        }
+
+    async def __aenter__(self) -> OpenRouterBackend:
+        await self.client.open()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.client.close()
+
+    def _payload(self, messages: list[dict]) -> dict:
+        payload = {
+            "model": self.model,
+            "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+            "max_tokens": self.max_tokens,
+            "temperature": self.sampling.get("temperature", 0.0),
+            "top_p": self.sampling.get("top_p", 1.0),
+            "reasoning": self.reasoning,
+        }
+        if self.sampling.get("top_k"):
+            payload["top_k"] = self.sampling["top_k"]
+        if self.sampling.get("seed") is not None:
+            payload["seed"] = self.sampling["seed"]
+        if self.provider:
+            payload["provider"] = self.provider
+        return payload
+
+    async def generate(self, messages: list[dict]) -> Turn:
+        async with self._slots:
+            body, attempts = await self.client.post("/chat/completions", self._payload(messages), _check_completion)
+        choice = body["choices"][0]
+        message = choice["message"]
+        usage = body.get("usage") or {}
+        details = usage.get("completion_tokens_details") or {}
+        return Turn(
+            content=message.get("content") or "",
+            reasoning=message.get("reasoning") or "",
+            finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+            usage={
+                "prompt_tokens": usage.get("prompt_tokens", 0),
+                "completion_tokens": usage.get("completion_tokens", 0),
+                "reasoning_tokens": details.get("reasoning_tokens", 0),
+                "cost": usage.get("cost", 0.0),
+            },
+            extra={
+                "produced_by": {
+                    "backend": self.name,
+                    "provider": body.get("provider"),
+                    "model": body.get("model"),
+                    "attempts": attempts,
+                    "finish_reason": choice.get("finish_reason"),
+                }
+            },
+        )

@@ -1,0 +1,246 @@
+"""A local SGLang server's native `/generate`: our rendering in, the exact output IDs back.
+
+The prompt is rendered by the model's own tokenizer and chat template with the generation
+prompt and sent as `input_ids`, so the response's `output_ids` are exactly what the model
+produced. Prompts up to `tiers.short.max_prompt_tokens` go through the short tier (high
+concurrency, smaller max tokens), longer ones through the long tier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from ..chat import load_tokenizer, render_ids, resolve_special_tokens, split_output_ids
+from ..responses import Turn
+from .client import JsonClient
+from .http import RetryableError, RetryPolicy
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "http://localhost:8000"
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    concurrency: int
+    max_tokens: int
+    max_prompt_tokens: int | None = None  # None: no limit (the long tier)
+
+
+def tiers_from_config(settings: dict, default_max_tokens: int) -> tuple[Tier, Tier]:
+    tiers = settings.get("tiers") or {}
+    short, long = tiers.get("short") or {}, tiers.get("long") or {}
+    return (
+        Tier(
+            "short",
+            short.get("concurrency", 256),
+            short.get("max_tokens", default_max_tokens),
+            short.get("max_prompt_tokens", 4096),
+        ),
+        Tier("long", long.get("concurrency", 32), long.get("max_tokens", default_max_tokens)),
+    )
+
+
+def _check_generation(body: dict) -> None:
+    if body.get("error") or "output_ids" not in body:
+        raise RetryableError(f"HTTP 200 without output_ids: {str(body)[:300]}")
+    finish = (body.get("meta_info") or {}).get("finish_reason") or {}
+    if finish.get("type") == "abort":
+        raise RetryableError(f"generation aborted by the server: {finish.get('message', '')}")
+
+
+class SGLangBackend:
+    name = "sglang"
+
+    def __init__(self, model_path: str | Path, sampling: dict, settings: dict, model_settings: dict):
+        self.model_path = Path(model_path)
+        self.model = settings.get("served_model") or self.model_path.name
+        self.tokenizer = load_tokenizer(model_path, model_settings.get("trust_remote_code", False))
+        self.template_kwargs = model_settings.get("chat_template_kwargs") or {}
+        self.specials = resolve_special_tokens(
+            self.tokenizer, model_settings.get("special_tokens"), self.template_kwargs
+        )
+        self.sampling = sampling
+        self.short, self.long = tiers_from_config(settings, sampling["max_new_tokens"])
+        self.concurrency = self.short.concurrency + self.long.concurrency
+        self.url = settings.get("url", DEFAULT_URL)
+        self.health_timeout = settings.get("health_timeout", 1800)
+        self.client = JsonClient(
+            self.url,
+            self.concurrency,
+            settings.get("request_timeout", 3600),
+            RetryPolicy.from_config(settings.get("retry", {})),
+        )
+        self._slots = {
+            self.short.name: asyncio.Semaphore(self.short.concurrency),
+            self.long.name: asyncio.Semaphore(self.long.concurrency),
+        }
+
+    def fingerprint(self) -> dict:
+        return {
+            "backend": self.name,
+            "model": self.model,
+            "sampling": self.sampling,
+            "tiers": [self.short.__dict__, self.long.__dict__],
+            "chat_template_kwargs": self.template_kwargs,
+        }
+
+    async def __aenter__(self) -> SGLangBackend:
+        await self.client.open()
+        await self._wait_healthy()
+        await self._check_model()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.client.close()
+
+    async def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.health_timeout
+        while True:
+            with contextlib.suppress(Exception):
+                status, _ = await self.client.get("/health")
+                if status == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise ServerError(f"no healthy SGLang server at {self.url} after {self.health_timeout} s")
+            await asyncio.sleep(1.0)
+
+    async def _check_model(self) -> None:
+        _, info = await self.client.get("/get_model_info")
+        served = Path(str((info or {}).get("model_path", ""))).name
+        if served != self.model:
+            raise ServerError(
+                f"the SGLang server at {self.url} serves {info.get('model_path')!r}, not the configured model "
+                f"{self.model!r} (model.path {self.model_path}); set inference.sglang.served_model if the names differ"
+            )
+
+    def tier_for(self, prompt_tokens: int) -> Tier:
+        return self.short if prompt_tokens <= self.short.max_prompt_tokens else self.long
+
+    def _payload(self, prompt_ids: list[int], tier: Tier) -> dict:
+        return {
+            "input_ids": prompt_ids,
+            "sampling_params": {
+                # The server's default is 128: always send it.
+                "max_new_tokens": tier.max_tokens,
+                "temperature": self.sampling.get("temperature", 0.0),
+                "top_p": self.sampling.get("top_p", 1.0),
+                "top_k": self.sampling.get("top_k", 0) or -1,
+                "stop_token_ids": [self.specials.end_of_turn_id],
+                "skip_special_tokens": False,
+                "no_stop_trim": True,
+            },
+        }
+
+    async def generate(self, messages: list[dict]) -> Turn:
+        prompt_ids = render_ids(self.tokenizer, messages, True, self.template_kwargs)
+        tier = self.tier_for(len(prompt_ids))
+        async with self._slots[tier.name]:
+            body, attempts = await self.client.post("/generate", self._payload(prompt_ids, tier), _check_generation)
+        meta = body.get("meta_info") or {}
+        finish = meta.get("finish_reason") or {}
+        output_ids = list(body["output_ids"])
+        stopped = finish.get("type") == "stop"
+        if (
+            stopped
+            and finish.get("matched") == self.specials.end_of_turn_id
+            and output_ids[-1:] != [self.specials.end_of_turn_id]
+        ):
+            output_ids.append(self.specials.end_of_turn_id)  # a server that trims the matched token
+        parsed = split_output_ids(self.tokenizer, output_ids, self.specials, prompt_ids)
+        return Turn(
+            content=parsed.content,
+            reasoning=parsed.reasoning,
+            finish_reason="stop" if parsed.stopped else "length",
+            usage={
+                "prompt_tokens": meta.get("prompt_tokens", len(prompt_ids)),
+                "completion_tokens": meta.get("completion_tokens", len(output_ids)),
+                "cached_tokens": meta.get("cached_tokens", 0),
+            },
+            output_ids=output_ids,
+            malformed=None if parsed.well_formed else "think_block",
+            extra={
+                "produced_by": {
+                    "backend": self.name,
+                    "tier": tier.name,
+                    "attempts": attempts,
+                    "finish_reason": finish,
+                }
+            },
+        )
+
+
+def _wait_started(process: subprocess.Popen, url: str, timeout: float, log_path: str | Path) -> None:
+    """Poll `/health` until the server answers; fail at once if it exits."""
+    deadline = time.monotonic() + timeout
+    while process.poll() is None:
+        with contextlib.suppress(OSError), urllib.request.urlopen(url.rstrip("/") + "/health", timeout=5) as resp:
+            if resp.status == 200:
+                log.info("SGLang server healthy at %s", url)
+                return
+        if time.monotonic() > deadline:
+            raise ServerError(f"the SGLang server did not become healthy within {timeout} s; see {log_path}")
+        time.sleep(1.0)
+    tail = Path(log_path).read_text(errors="replace")[-2000:]
+    raise ServerError(f"the SGLang server exited with code {process.returncode} while starting:\n{tail}")
+
+
+@contextlib.contextmanager
+def launched_server(model_path: str | Path, url: str, launch: dict, log_path: str | Path):
+    """Start `sglang.launch_server` for the duration of the block; stopped on exit or SIGTERM.
+
+    The server runs in its own process group, so stopping it stops its tensor-parallel workers.
+    """
+    parsed = urlparse(url)
+    command = [
+        *launch.get("command", [sys.executable, "-m", "sglang.launch_server"]),
+        "--model-path",
+        str(model_path),
+        "--host",
+        parsed.hostname or "127.0.0.1",
+        "--port",
+        str(parsed.port or 8000),
+        *launch.get("args", []),
+    ]
+    log.info("starting the SGLang server: %s (its output: %s)", " ".join(command), log_path)
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    server_log = open(log_path, "ab")  # noqa: SIM115 - closed in finally, after the server
+    process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(_signum, _frame):
+        raise SystemExit(f"terminated; stopping the SGLang server (pid {process.pid})")
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        _wait_started(process, url, launch.get("health_timeout", 1800), log_path)
+        yield process
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=launch.get("stop_timeout", 60))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        server_log.close()
+        log.info("SGLang server stopped (exit code %s)", process.returncode)

@@ -1,0 +1,224 @@
+"""Concurrent, resumable regeneration over HTTP backends (SGLang, OpenRouter).
+
+Each prompt is one conversation task: its user turns are answered in order, each on the
+regenerated history; the finished row (success or failure with its reason) is appended to
+the journal at once. Budgets are checked before a conversation starts, so in-flight ones
+finish and nothing is half-written. The final output is written only when every prompt is
+in the journal, in prompt order; otherwise the job stops with what is done and what is left,
+and a rerun continues from the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from tqdm import tqdm
+
+from .backends.http import RequestFailed, RetryableError, StopRun
+from .io import read_jsonl, write_json, write_jsonl_zst
+from .journal import Journal, journal_path
+from .responses import Turn, interleave, response_stats
+
+log = logging.getLogger(__name__)
+
+
+class AsyncBackend(Protocol):
+    name: str
+    model: str
+    concurrency: int  # conversations in flight
+
+    def fingerprint(self) -> dict:
+        """The settings that shape a response (a journal written under others is not reused)."""
+        ...
+
+    async def __aenter__(self) -> AsyncBackend: ...
+
+    async def __aexit__(self, *exc) -> None: ...
+
+    async def generate(self, messages: list[dict]) -> Turn:
+        """The next assistant turn; raises RequestFailed, RetryableError (retries spent) or StopRun."""
+        ...
+
+
+class IncompleteRun(RuntimeError):
+    """The run stopped before every prompt was answered; the journal keeps what was done."""
+
+
+@dataclass
+class Budgets:
+    tokens: int | None = None  # prompt + completion tokens, over all runs of this job
+    cost_usd: float | None = None
+
+    def exceeded(self, usage: dict) -> str | None:
+        if self.tokens is not None and usage.get("total_tokens", 0) >= self.tokens:
+            return f"inference.token_budget={self.tokens} reached ({usage['total_tokens']} tokens used)"
+        if self.cost_usd is not None and usage.get("cost", 0.0) >= self.cost_usd:
+            return f"inference.openrouter.max_cost_usd={self.cost_usd} reached (${usage['cost']:.4f} spent)"
+        return None
+
+
+def row_usage(row: dict) -> dict:
+    usage = {"total_tokens": 0, "cost": 0.0}
+    for message in row["messages"]:
+        if message["role"] == "assistant":
+            u = message.get("usage") or {}
+            usage["total_tokens"] += u.get("prompt_tokens", 0) + u.get("completion_tokens", 0)
+            usage["cost"] += u.get("cost", 0.0) or 0.0
+    return usage
+
+
+@dataclass
+class Progress:
+    """A live bar on a terminal; in a log file, one plain line every `interval` seconds."""
+
+    total: int
+    done: int = 0
+    tokens: int = 0
+    errors: int = 0
+    cost: float = 0.0
+    interval: float = 30.0
+    started: float = field(default_factory=time.monotonic)
+    _last_line: float = 0.0
+    _bar: tqdm | None = None
+
+    def __post_init__(self) -> None:
+        if sys.stderr.isatty():
+            self._bar = tqdm(total=self.total, initial=self.done, unit="prompt", dynamic_ncols=True)
+
+    def update(self, row: dict) -> None:
+        usage = row_usage(row)
+        self.done += 1
+        self.tokens += usage["total_tokens"]
+        self.cost += usage["cost"]
+        self.errors += row["status"] == "failed"
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        if self._bar is not None:
+            self._bar.set_postfix(tok_s=f"{self.tokens / elapsed:.0f}", errors=self.errors, cost=f"${self.cost:.2f}")
+            self._bar.update(1)
+        elif time.monotonic() - self._last_line >= self.interval or self.done == self.total:
+            self._last_line = time.monotonic()
+            log.info("progress: %s", self.line())
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        rate = self.done / elapsed
+        eta = (self.total - self.done) / rate if rate else float("inf")
+        return (
+            f"{self.done}/{self.total} prompts, {self.tokens / elapsed:.0f} tokens/s, {self.errors} failed, "
+            f"${self.cost:.4f}, ETA {eta:.0f} s"
+        )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+async def _conversation(prompt: dict, backend: AsyncBackend) -> dict:
+    replies: list[dict] = []
+    status, error = "ok", None
+    user_turns = sum(m["role"] == "user" for m in prompt["messages"])
+    for turn_index in range(user_turns):
+        history = interleave(prompt["messages"], replies)
+        try:
+            turn = await backend.generate(history)
+        except RequestFailed as e:
+            status, error = "failed", e.reason
+            break
+        except RetryableError as e:
+            status, error = "failed", f"retries exhausted: {e.reason}"
+            break
+        replies.append(turn.as_message(turn_index))
+        status = turn.status
+        if status != "ok":
+            break
+    messages = interleave(prompt["messages"], replies)
+    while messages and messages[-1]["role"] != "assistant":
+        messages = messages[:-1]
+    row = {
+        "id": prompt["id"],
+        "messages": messages,
+        "source": prompt["source"],
+        "backend": backend.name,
+        "model": backend.model,
+        "status": status,
+    }
+    if error is not None:
+        row["error"] = error
+    return row
+
+
+async def regenerate_journaled(
+    prompts: list[dict], backend: AsyncBackend, journal: Journal, budgets: Budgets, progress_interval: float = 30.0
+) -> str | None:
+    """Answer every prompt not yet in `journal`; returns why the run stopped early, or None."""
+    usage = {"total_tokens": 0, "cost": 0.0}
+    for row in journal.rows.values():
+        for key, value in row_usage(row).items():
+            usage[key] += value
+    pending = asyncio.Queue()
+    for prompt in prompts:
+        if prompt["id"] not in journal.rows:
+            pending.put_nowait(prompt)
+    progress = Progress(len(prompts), done=len(prompts) - pending.qsize(), interval=progress_interval)
+    stopped: list[str] = []
+
+    async def worker() -> None:
+        while not stopped and not pending.empty():
+            reason = budgets.exceeded(usage)
+            if reason:
+                stopped.append(reason)
+                return
+            prompt = pending.get_nowait()
+            try:
+                row = await _conversation(prompt, backend)
+            except StopRun as e:
+                stopped.append(str(e))
+                return
+            journal.append(row)
+            for key, value in row_usage(row).items():
+                usage[key] += value
+            progress.update(row)
+
+    try:
+        async with backend:
+            await asyncio.gather(*(worker() for _ in range(max(1, min(backend.concurrency, pending.qsize())))))
+    finally:
+        progress.close()
+        log.info("progress: %s", progress.line())
+    return stopped[0] if stopped else None
+
+
+def run_journaled_responses(
+    prompts_path: str | Path,
+    out_path: str | Path,
+    stats_path: str | Path,
+    backend: AsyncBackend,
+    budgets: Budgets,
+    progress_interval: float = 30.0,
+) -> dict:
+    prompts = read_jsonl(prompts_path)
+    fingerprint = str(sorted(backend.fingerprint().items()))
+    journal = Journal(journal_path(out_path), fingerprint)
+    try:
+        stopped = asyncio.run(regenerate_journaled(prompts, backend, journal, budgets, progress_interval))
+    finally:
+        journal.close()
+    missing = [p["id"] for p in prompts if p["id"] not in journal.rows]
+    if missing:
+        raise IncompleteRun(
+            f"{prompts_path}: {len(prompts) - len(missing)} of {len(prompts)} prompts finished, {len(missing)} left"
+            f" ({stopped or 'stopped'}). They are kept in {journal.path}; rerun the same job to continue."
+        )
+    rows = [journal.rows[p["id"]] for p in prompts]
+    write_jsonl_zst(out_path, rows)
+    stats = {"backend": backend.name, "model": backend.model, **response_stats(rows)}
+    stats["failed"] = {r["id"]: r["error"] for r in rows if r["status"] == "failed"}
+    write_json(stats_path, stats)
+    journal.remove()
+    return stats

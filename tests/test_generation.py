@@ -1,0 +1,235 @@
+"""The SGLang and OpenRouter backends against the loopback server, faults included."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eagle3_datagen.backends.openrouter import MissingApiKey, OpenRouterBackend
+from eagle3_datagen.backends.sglang import ServerError, SGLangBackend, launched_server
+from eagle3_datagen.chat import load_tokenizer
+from eagle3_datagen.generation import Budgets, IncompleteRun, run_journaled_responses
+from eagle3_datagen.io import read_jsonl, write_jsonl_zst
+from eagle3_datagen.journal import journal_path
+from eagle3_datagen.loopback import FaultPlan, Loopback, serve_in_thread
+
+REPO = Path(__file__).resolve().parents[1]
+KEY_ENV = "E3DG_TEST_OPENROUTER_KEY"
+FAST_RETRY = {"initial_backoff": 0.01, "max_backoff": 0.05}
+SAMPLING = {"max_new_tokens": 64, "temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, qwen_tokenizer):
+    path = tmp_path_factory.mktemp("served") / "Tiny-Model"
+    qwen_tokenizer.save_pretrained(path)
+    return path
+
+
+def prompts_file(tmp_path, n, turns=1, name="prompts.jsonl.zst"):
+    rows = []
+    for i in range(n):
+        messages = [{"role": "system", "content": "Be brief."}]
+        for t in range(turns):
+            messages.append({"role": "user", "content": f"Question {i}.{t} about topic {i * 7 % 11}"})
+        rows.append({"id": f"id{i:04d}", "source": "test", "messages": messages})
+    path = tmp_path / name
+    write_jsonl_zst(path, rows)
+    return path
+
+
+def openrouter(url, **settings):
+    return OpenRouterBackend(
+        SAMPLING,
+        {"base_url": url, "model": "moonshotai/kimi-k2.5", "api_key_env": KEY_ENV, "retry": FAST_RETRY, **settings},
+    )
+
+
+@pytest.fixture
+def api_key(monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "test-key-123")
+    return "test-key-123"
+
+
+def run(tmp_path, prompts, backend, budgets=None):
+    return run_journaled_responses(
+        prompts, tmp_path / "out.jsonl.zst", tmp_path / "stats.json", backend, budgets or Budgets()
+    )
+
+
+def test_openrouter_retries_every_transient_error_and_records_each_turn(tmp_path, api_key):
+    faults = FaultPlan(every=2, sequence=[429, 503, "200-error", "200-empty", 500, 408], retry_after=0)
+    server = Loopback("unused", api_key=api_key, faults=faults)
+    prompts = prompts_file(tmp_path, 24, turns=2)
+    with serve_in_thread(server) as url:
+        stats = run(tmp_path, prompts, openrouter(url, concurrency=8))
+    rows = read_jsonl(tmp_path / "out.jsonl.zst")
+    assert [r["id"] for r in rows] == [f"id{i:04d}" for i in range(24)]
+    assert stats["status"] == {"ok": 24} and stats["assistant_turns"] == 48
+    turns = [m for r in rows for m in r["messages"] if m["role"] == "assistant"]
+    assert all(t["reasoning"] == "Considering it." and t["usage"]["cost"] == 0.001 for t in turns)
+    assert {t["produced_by"]["provider"] for t in turns} == {"Loopback"}
+    retried = [t for t in turns if t["produced_by"]["attempts"] == 7]
+    assert 0 < len(retried) < 48  # the faulted half took 6 failures and a success
+    assert set(server.completed.values()) == {1}  # no request answered twice
+    assert stats["usage"]["cost"] == pytest.approx(0.048)
+    assert not journal_path(tmp_path / "out.jsonl.zst").exists()
+
+
+def test_retry_after_is_honoured(tmp_path, api_key):
+    server = Loopback("unused", api_key=api_key, faults=FaultPlan(every=1, sequence=[429], retry_after=1))
+    with serve_in_thread(server) as url:
+        start = time.monotonic()
+        run(tmp_path, prompts_file(tmp_path, 1), openrouter(url))
+        assert time.monotonic() - start >= 1.0
+
+
+def test_bad_requests_are_recorded_not_retried(tmp_path, api_key):
+    server = Loopback("unused", api_key=api_key, faults=FaultPlan(reject=["Question 3.0"]))
+    with serve_in_thread(server) as url:
+        stats = run(tmp_path, prompts_file(tmp_path, 6), openrouter(url))
+    assert stats["status"] == {"ok": 5, "failed": 1}
+    assert stats["failed"] == {"id0003": "HTTP 400: 400 invalid request"}
+    assert server.status_counts["400"] == 1
+
+
+def test_out_of_credits_stops_cleanly_and_a_rerun_continues(tmp_path, api_key):
+    prompts = prompts_file(tmp_path, 10)
+    out_of_credits = pytest.raises(IncompleteRun, match=r"4 of 10 prompts finished, 6 left .*out of credits")
+    with serve_in_thread(Loopback("unused", api_key=api_key, faults=FaultPlan(credits=4))) as url, out_of_credits:
+        run(tmp_path, prompts, openrouter(url, concurrency=1))
+    assert not (tmp_path / "out.jsonl.zst").exists()
+    journaled = [
+        json.loads(line)["id"] for line in journal_path(tmp_path / "out.jsonl.zst").read_text().splitlines()[1:]
+    ]
+    assert len(journaled) == 4
+    fresh = Loopback("unused", api_key=api_key)
+    with serve_in_thread(fresh) as url:
+        stats = run(tmp_path, prompts, openrouter(url, concurrency=1))
+    assert stats["status"] == {"ok": 10} and sum(fresh.completed.values()) == 6
+    assert [r["id"] for r in read_jsonl(tmp_path / "out.jsonl.zst")] == [f"id{i:04d}" for i in range(10)]
+
+
+def test_402_with_retry_after_is_retried(tmp_path, api_key):
+    server = Loopback("unused", api_key=api_key, faults=FaultPlan(every=1, sequence=[402], retry_after=0))
+    with serve_in_thread(server) as url:
+        stats = run(tmp_path, prompts_file(tmp_path, 3), openrouter(url))
+    assert stats["status"] == {"ok": 3} and server.status_counts["402"] == 3
+
+
+def test_budgets_stop_new_conversations_and_leave_a_resumable_state(tmp_path, api_key):
+    prompts = prompts_file(tmp_path, 10)
+    with serve_in_thread(Loopback("unused", api_key=api_key)) as url:
+        with pytest.raises(IncompleteRun, match=r"max_cost_usd=0.003 reached"):
+            run(tmp_path, prompts, openrouter(url, concurrency=1), Budgets(cost_usd=0.003))
+        with pytest.raises(IncompleteRun, match=r"token_budget=40 reached"):
+            run(tmp_path, prompts, openrouter(url, concurrency=1), Budgets(tokens=40))
+        stats = run(tmp_path, prompts, openrouter(url, concurrency=1), Budgets(tokens=10_000))
+    assert stats["prompts"] == 10
+
+
+def test_missing_key_fails_before_any_request(monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with pytest.raises(MissingApiKey, match=f"{KEY_ENV} is not set"):
+        openrouter("http://127.0.0.1:9")
+
+
+def test_wrong_key_stops_the_run(tmp_path, api_key, monkeypatch):
+    invalid = pytest.raises(IncompleteRun, match="API key is missing or invalid")
+    with serve_in_thread(Loopback("unused", api_key="another-key")) as url, invalid:
+        run(tmp_path, prompts_file(tmp_path, 3), openrouter(url))
+
+
+def sglang(model_dir, url, **settings):
+    return SGLangBackend(model_dir, SAMPLING, {"url": url, "retry": FAST_RETRY, **settings}, {})
+
+
+def test_sglang_returns_exact_ids_through_two_tiers(tmp_path, model_dir):
+    server = Loopback(
+        str(model_dir),
+        tokenizer=load_tokenizer(model_dir),
+        faults=FaultPlan(every=3, sequence=[503, 500], retry_after=0),
+    )
+    tiers = {
+        "short": {"max_prompt_tokens": 40, "concurrency": 4, "max_tokens": 64},
+        "long": {"concurrency": 2, "max_tokens": 3},
+    }
+    with serve_in_thread(server) as url:
+        stats = run(tmp_path, prompts_file(tmp_path, 12, turns=2), sglang(model_dir, url, tiers=tiers))
+    rows = read_jsonl(tmp_path / "out.jsonl.zst")
+    turns = [m for r in rows for m in r["messages"] if m["role"] == "assistant"]
+    short = [t for t in turns if t["produced_by"]["tier"] == "short"]
+    long = [t for t in turns if t["produced_by"]["tier"] == "long"]
+    assert short and long
+    assert all(t["output_ids"][-1] == 151645 and t["finish_reason"] == "stop" for t in short)
+    assert all(len(t["output_ids"]) == 3 and t["finish_reason"] == "length" for t in long)  # the long tier's cap
+    assert all(t["content"].startswith("Answer ") for t in short)
+    assert stats["status"]["truncated"] == len({r["id"] for r in rows if r["status"] == "truncated"})
+
+
+def test_sglang_refuses_a_server_with_another_model(tmp_path, model_dir):
+    mismatch = pytest.raises(ServerError, match="serves '/models/Other-Model', not the configured model 'Tiny-Model'")
+    with serve_in_thread(Loopback("/models/Other-Model")) as url, mismatch:
+        run(tmp_path, prompts_file(tmp_path, 1), sglang(model_dir, url))
+
+
+def test_launched_server_is_healthy_during_the_job_and_stopped_after(tmp_path, model_dir):
+    port = 18000 + os.getpid() % 1000
+    launch = {
+        "command": [sys.executable, "-m", "eagle3_datagen.loopback"],
+        "args": ["--tp", "8"],
+        "health_timeout": 120,
+    }
+    url = f"http://127.0.0.1:{port}"
+    with launched_server(model_dir, url, launch, tmp_path / "server.log") as process:
+        stats = run(tmp_path, prompts_file(tmp_path, 3), sglang(model_dir, url))
+        assert process.poll() is None
+    assert stats["status"] == {"ok": 3}
+    assert process.poll() is not None
+
+
+def test_kill_9_then_rerun_loses_and_repeats_nothing(tmp_path, model_dir, api_key):
+    prompts = prompts_file(tmp_path, 40)
+    server = Loopback("unused", api_key=api_key, faults=FaultPlan(latency_s=0.05))
+    settings = {
+        "backend": "openrouter",
+        "sampling": SAMPLING,
+        "openrouter": {"base_url": None, "model": "m", "api_key_env": KEY_ENV, "concurrency": 2},
+        "model": {"path": str(model_dir)},
+    }
+    out = tmp_path / "out.jsonl.zst"
+    env = {**os.environ, KEY_ENV: api_key}
+    with serve_in_thread(server) as url:
+        settings["openrouter"]["base_url"] = url
+        command = [
+            sys.executable,
+            str(REPO / "scripts/responses.py"),
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(out),
+            "--stats",
+            str(tmp_path / "stats.json"),
+            "--settings",
+            json.dumps(settings),
+        ]
+        job = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+        journal = journal_path(out)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not journal.exists() or journal.read_text().count("\n") < 8):
+            time.sleep(0.05)
+        job.send_signal(signal.SIGKILL)
+        job.wait()
+        before_kill = [json.loads(line)["id"] for line in journal.read_text().splitlines()[1:] if line.endswith("}")]
+        assert 7 <= len(before_kill) < 40 and not out.exists()
+        subprocess.run(command, env=env, check=True, stderr=subprocess.DEVNULL)
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == [f"id{i:04d}" for i in range(40)]
+    assert all(r["status"] == "ok" for r in rows)
+    assert max(server.completed.values()) <= 2  # only requests in flight at the kill ran twice
+    assert sum(server.completed.values()) <= 40 + 2  # concurrency 2: at most 2 were in flight
