@@ -81,23 +81,30 @@ def kimi_tokenizer_dir(tmp_path_factory) -> Path:
     return write_kimi_style_tokenizer(tmp_path_factory.mktemp("kimi") / "tokenizer")
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """A random 8-layer Qwen3 with a small vocabulary, for hidden-state tests."""
-    import torch
+def tiny_qwen3(vocab_size: int, num_layers: int = 8, **overrides):
+    """A random Qwen3 of width 32 (seed it first), for tests that need a real forward pass."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    torch.manual_seed(0)
     config = Qwen3Config(
-        vocab_size=512,
+        vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=8,
+        num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=8,
         max_position_embeddings=1024,
+        **overrides,
     )
+    return Qwen3ForCausalLM(config)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A random 8-layer Qwen3 with a small vocabulary, for hidden-state tests."""
+    import torch
+
+    torch.manual_seed(0)
     path = tmp_path_factory.mktemp("tiny") / "model"
-    Qwen3ForCausalLM(config).save_pretrained(path)
+    tiny_qwen3(512).save_pretrained(path)
     return path

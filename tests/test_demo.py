@@ -1,22 +1,13 @@
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from eagle3_datagen.demo import fit_to_conversations
+
+from .conftest import tiny_qwen3
 
 
 def fitted(seed):
     torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=300,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        tie_word_embeddings=True,
-    )
-    model = Qwen3ForCausalLM(config)
+    model = tiny_qwen3(300, num_layers=4, tie_word_embeddings=True)
     sequences = [[1, 5, 9, 17, 5, 9, 2], [3, 5, 9, 2], [7, 7, 11, 13, 17, 19, 23, 2]]
     losses = fit_to_conversations(model, sequences, steps=6, learning_rate=0.02, seed=seed)
     return losses, model.get_input_embeddings().weight.detach().clone()

@@ -9,13 +9,14 @@ import json
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from eagle3_datagen.backends.hf import HFBackend
 from eagle3_datagen.hidden import HFCapture, capture_shard
 from eagle3_datagen.probe import LMHead, ProbeFailure, ProbeSettings, run_probe
 from eagle3_datagen.responses import regenerate
 from eagle3_datagen.tokens import TokenSettings, build_samples
+
+from .conftest import tiny_qwen3
 
 THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 HIDDEN = {"dtype": "float32", "shard_bytes": 1 << 20, "max_batch_tokens": 256}
@@ -24,17 +25,7 @@ HIDDEN = {"dtype": "float32", "shard_bytes": 1 << 20, "max_batch_tokens": 256}
 @pytest.fixture(scope="module")
 def random_model_dir(tmp_path_factory, qwen_tokenizer):
     torch.manual_seed(1)
-    config = Qwen3Config(
-        vocab_size=len(qwen_tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=8,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        tie_word_embeddings=False,
-    )
-    model = Qwen3ForCausalLM(config)
+    model = tiny_qwen3(len(qwen_tokenizer), tie_word_embeddings=False)
     with torch.no_grad():  # a final norm that is not all ones, so normed and raw states differ
         model.model.norm.weight.uniform_(-2.0, 2.0)
     path = tmp_path_factory.mktemp("random") / "model"
