@@ -22,6 +22,8 @@ include: "rules/responses.smk"
 include: "rules/tokens.smk"
 include: "rules/hidden.smk"
 include: "rules/probe.smk"
+include: "rules/vocab.smk"
+include: "rules/export.smk"
 include: "rules/report.smk"
 
 

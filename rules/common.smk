@@ -9,7 +9,24 @@ wildcard_constraints:
 
 
 def get_final_output():
-    return ["results/report/summary.html"]
+    outputs = ["results/report/summary.html"]
+    if "vocab_mapping" in config:
+        outputs.append("results/vocab")
+    outputs += expand(
+        "results/{p}/export/{f}",
+        p=PARTITIONS,
+        f=config.get("export", {}).get("formats", []),
+    )
+    return outputs
+
+
+def get_partition_hidden_shards(wildcards):
+    p = wildcards.partition
+    return expand("results/{p}/hidden/{s}", p=p, s=shards(p))
+
+
+def get_all_token_shards():
+    return [f"results/{p}/tokens/{s}.jsonl.zst" for p in PARTITIONS for s in shards(p)]
 
 
 def shards(partition):

@@ -107,9 +107,10 @@ def test_bytes_on_disk_are_tokens_times_bytes_per_token(tmp_path, capture):
     assert tensor_bytes <= index["bytes"] <= tensor_bytes * 1.01
 
 
-def test_resume_keeps_complete_parts_byte_identical(tmp_path, capture, monkeypatch):
+@pytest.mark.parametrize("compress", [{}, {"compress": "zstd", "compress_level": 3}], ids=["plain", "zstd"])
+def test_resume_keeps_complete_parts_byte_identical(tmp_path, capture, monkeypatch, compress):
     samples = make_samples(20, seed=9)
-    settings = {**SETTINGS, "shard_bytes": 20_000}
+    settings = {**SETTINGS, "shard_bytes": 20_000, **compress}
     reference = capture_shard(samples, tmp_path / "ref", capture, settings)
     assert len(reference["parts"]) >= 3
 
@@ -126,10 +127,11 @@ def test_resume_keeps_complete_parts_byte_identical(tmp_path, capture, monkeypat
     with pytest.raises(KeyboardInterrupt):
         capture_shard(samples, tmp_path / "out", capture, settings)
     assert not (tmp_path / "out").exists()  # nothing that looks finished
-    first = (tmp_path / ".out.partial" / "part-00000.safetensors").stat().st_mtime_ns
+    first_part = reference["parts"][0]["file"]
+    first = (tmp_path / ".out.partial" / first_part).stat().st_mtime_ns
     monkeypatch.setattr(hidden, "write_part", real_write)
     resumed = capture_shard(samples, tmp_path / "out", capture, settings)
-    assert (tmp_path / "out" / "part-00000.safetensors").stat().st_mtime_ns == first  # kept, not rewritten
+    assert (tmp_path / "out" / first_part).stat().st_mtime_ns == first  # kept, not rewritten
     assert resumed["parts"] == reference["parts"]
     for part in reference["parts"]:
         assert (tmp_path / "out" / part["file"]).read_bytes() == (tmp_path / "ref" / part["file"]).read_bytes()
@@ -162,3 +164,28 @@ def test_nonfinite_states_fail_past_the_threshold(tmp_path, capture, monkeypatch
         capture_shard(samples, tmp_path / "nan", poisoned, SETTINGS)
     index = capture_shard(samples, tmp_path / "ok", poisoned, {**SETTINGS, "max_nonfinite_fraction": 1.0})
     assert index["nonfinite_ids"] == ["s0", "s1", "s2", "s3"]
+
+
+def test_zstd_parts_read_back_equal_and_report_their_ratio(tmp_path, capture):
+    samples = make_samples(30, seed=11, lo=10, hi=80)
+    settings = {**SETTINGS, "dtype": "bfloat16", "shard_bytes": 40_000}
+    plain = capture_shard(samples, tmp_path / "plain", capture, settings)
+    packed = capture_shard(samples, tmp_path / "zstd", capture, {**settings, "compress": "zstd", "compress_level": 9})
+    assert packed["compress"] == {"codec": "zstd", "level": 9} and plain["compress"] is None
+    assert all(p["file"].endswith(".safetensors.zst") for p in packed["parts"])
+    assert packed["raw_bytes"] == plain["bytes"] and packed["bytes"] < packed["raw_bytes"]
+    a, b = HiddenShard(tmp_path / "plain"), HiddenShard(tmp_path / "zstd")
+    for x, y in zip(a, b, strict=True):
+        assert x["id"] == y["id"] and all(torch.equal(x[k], y[k]) for k in hidden.COLUMNS)
+    assert torch.equal(a["s17"]["hidden_states"], b["s17"]["hidden_states"])
+
+
+def test_parts_of_an_earlier_plan_do_not_ship(tmp_path, capture, monkeypatch):
+    samples = make_samples(12, seed=3)
+    work = tmp_path / ".out.partial"
+    work.mkdir()
+    (work / "part-00007.safetensors").write_bytes(b"left by a run with another shard_bytes")
+    index = capture_shard(samples, tmp_path / "out", capture, SETTINGS)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        [*(p["file"] for p in index["parts"]), "index.json"]
+    )

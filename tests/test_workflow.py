@@ -147,6 +147,21 @@ def test_probe_finds_the_demo_shards_aligned(demo_dir):
     assert "<svg" in html and "agreement-plot" in html and "top-1 agreement, last turns" in html
 
 
+def test_demo_writes_the_draft_vocabulary_and_both_exports(demo_dir):
+    import numpy as np
+
+    d2t, t2d = np.load(demo_dir / "results/vocab/d2t.npy"), np.load(demo_dir / "results/vocab/t2d.npy")
+    assert d2t.shape == (256,) and t2d.shape == (151669,) and t2d.sum() == 256
+    assert (np.arange(256) + d2t).tolist() == np.flatnonzero(t2d).tolist()
+    vocab = json.loads((demo_dir / "results/vocab/vocab.json").read_text())
+    assert 0.5 < vocab["coverage"] <= 1.0 and vocab["shards"] == sum(PARTITIONS.values())
+    for partition in PARTITIONS:
+        hidden = sum(len(HiddenShard(demo_dir / f"results/{partition}/hidden/{s}")) for s in shards(partition))
+        for fmt in ("specforge", "speculators"):
+            summary = json.loads((demo_dir / f"results/{partition}/export/{fmt}/export.json").read_text())
+            assert summary["samples"] == hidden
+
+
 def test_snakemake_report_builds_from_the_demo_run(demo_dir, tmp_path):
     report = tmp_path / "report.html"
     snakemake(["--profile", "profiles/local", "--report", str(report)], demo_dir)
@@ -170,6 +185,8 @@ def test_reruns_schedule_only_what_a_change_invalidated(demo_dir, tmp_path):
         "tokens",
         "hidden_states",
         "probe",
+        "export",
+        "vocab_mapping",
         "partition_summary",
         "summary",
         "all",

@@ -11,17 +11,21 @@ rerun after a kill keeps every complete part and recomputes only the rest.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import zstandard
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_bytes
 
 from .io import atomic_dir, atomic_path, read_jsonl, write_json
 from .models import DTYPES, load_causal_lm
@@ -140,8 +144,8 @@ class HFCapture:
         return [(aux[row, : len(ids)].cpu(), final[row, : len(ids)].cpu()) for row, ids in enumerate(batch)]
 
 
-def _part_name(number: int) -> str:
-    return f"part-{number:05d}.safetensors"
+def _part_name(number: int, compressed: bool) -> str:
+    return f"part-{number:05d}.safetensors" + (".zst" if compressed else "")
 
 
 def _part_key(layout: Layout, ids: Sequence[str], lengths: Sequence[int]) -> str:
@@ -157,10 +161,24 @@ def _part_metadata(path: Path) -> dict | None:
     if not path.exists():
         return None
     try:
+        if path.suffix == ".zst":
+            # The safetensors header leads the file: decompress only that far.
+            with path.open("rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as reader:
+                size = struct.unpack("<Q", reader.read(8))[0]
+                header = json.loads(reader.read(size))
+            return json.loads(header["__metadata__"][FORMAT])
         with safe_open(str(path), "pt") as f:
             return json.loads((f.metadata() or {})[FORMAT])
     except Exception:  # anything unreadable is recomputed
         return None
+
+
+def _raw_size(path: Path) -> int:
+    """A part's size before compression (zstd frames record it in their header)."""
+    if path.suffix != ".zst":
+        return path.stat().st_size
+    with path.open("rb") as f:
+        return zstandard.frame_content_size(f.read(18))
 
 
 def write_part(
@@ -169,7 +187,9 @@ def write_part(
     states: Sequence[tuple[torch.Tensor, torch.Tensor]],
     dtype: torch.dtype,
     metadata: dict,
+    zstd_level: int | None = None,
 ) -> int:
+    """Write one packed part; returns its size before compression."""
     lengths = [len(s["input_ids"]) for s in samples]
     offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
@@ -182,9 +202,10 @@ def write_part(
     }
     # One metadata key: safetensors orders several keys differently from run to run, and
     # a resumed part must be byte-identical to an uninterrupted one.
+    data = safetensors_bytes(tensors, metadata={FORMAT: json.dumps(metadata, sort_keys=True)})
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={FORMAT: json.dumps(metadata, sort_keys=True)})
-    return path.stat().st_size
+        tmp.write_bytes(data if zstd_level is None else zstandard.ZstdCompressor(level=zstd_level).compress(data))
+    return len(data)
 
 
 def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, settings: dict) -> dict:
@@ -205,13 +226,14 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, 
     # survive a killed job and the output directory appears only when whole.
     work = out_dir.with_name(f".{out_dir.name}.partial")
     work.mkdir(parents=True, exist_ok=True)
+    zstd_level = settings.get("compress_level", 3) if settings.get("compress", "none") == "zstd" else None
     nonfinite: list[str] = []
     index_parts = []
     for number, part in enumerate(parts):
         part_samples = [samples[i] for i in part]
         ids = [s["id"] for s in part_samples]
         key = _part_key(layout, ids, [lengths[i] for i in part])
-        path = work / _part_name(number)
+        path = work / _part_name(number, zstd_level is not None)
         done = _part_metadata(path)
         if done is not None and done["part_key"] == key:
             log.info("part %d: complete from an earlier run, kept", number)
@@ -227,7 +249,7 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, 
                 if not (torch.isfinite(aux).all() and torch.isfinite(fin).all())
             ]
             nonfinite += bad
-            write_part(path, part_samples, states, dtype, {"part_key": key, "nonfinite": bad})
+            write_part(path, part_samples, states, dtype, {"part_key": key, "nonfinite": bad}, zstd_level)
             log.info("part %d: %d samples, %d tokens written", number, len(part), sum(lengths[i] for i in part))
         index_parts.append(
             {
@@ -235,9 +257,13 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, 
                 "samples": len(part),
                 "tokens": sum(lengths[i] for i in part),
                 "bytes": path.stat().st_size,
+                "raw_bytes": _raw_size(path),
                 "ids": ids,
             }
         )
+    # Parts of an earlier plan (another shard_bytes or compression) must not ship with this one.
+    for stale in set(work.iterdir()) - {work / p["file"] for p in index_parts}:
+        stale.unlink()
     limit = settings.get("max_nonfinite_fraction", 0.0)
     if samples and len(nonfinite) / len(samples) > limit:
         raise FloatingPointError(
@@ -252,6 +278,8 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, 
         "tokens": sum(lengths),
         "loss_tokens": sum(sum(s["loss_mask"]) for s in samples),
         "bytes": sum(p["bytes"] for p in index_parts),
+        "raw_bytes": sum(p["raw_bytes"] for p in index_parts),
+        "compress": {"codec": "zstd", "level": zstd_level} if zstd_level is not None else None,
         "nonfinite_ids": nonfinite,
         "parts": index_parts,
     }
@@ -284,6 +312,8 @@ class HiddenShard:
         if self.index.get("format") != FORMAT:
             raise ValueError(f"{self.path}: not an {FORMAT} shard")
         self._where = {sid: (n, k) for n, part in enumerate(self.index["parts"]) for k, sid in enumerate(part["ids"])}
+        self._cached_name: str | None = None
+        self._cached: _LoadedPart | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -303,10 +333,20 @@ class HiddenShard:
         a, b = int(offsets[k]), int(offsets[k + 1])
         return {"id": sid, **{name: f.get_slice(name)[a:b] for name in columns}}
 
+    def _open(self, part: dict):
+        """A part's tensors: memory-mapped when plain, decompressed whole (and kept) when zstd."""
+        path = self.path / part["file"]
+        if path.suffix != ".zst":
+            return safe_open(str(path), "pt")
+        if self._cached_name != part["file"]:
+            self._cached = _LoadedPart(safetensors_load(zstandard.ZstdDecompressor().decompress(path.read_bytes())))
+            self._cached_name = part["file"]
+        return contextlib.nullcontext(self._cached)
+
     def iter_samples(self, columns: Sequence[str] = COLUMNS) -> Iterator[dict]:
         """Samples in order, with only `columns` read (e.g. no auxiliary states)."""
         for part in self.index["parts"]:
-            with safe_open(str(self.path / part["file"]), "pt") as f:
+            with self._open(part) as f:
                 offsets = f.get_tensor("offsets")
                 for k, sid in enumerate(part["ids"]):
                     yield self._sample(f, offsets, sid, k, columns)
@@ -316,5 +356,18 @@ class HiddenShard:
 
     def __getitem__(self, sample_id: str) -> dict:
         number, k = self._where[sample_id]
-        with safe_open(str(self.path / self.index["parts"][number]["file"]), "pt") as f:
+        with self._open(self.index["parts"][number]) as f:
             return self._sample(f, f.get_tensor("offsets"), sample_id, k)
+
+
+class _LoadedPart:
+    """A decompressed part behind the two safe_open calls the reader uses."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+    def get_slice(self, name: str) -> torch.Tensor:
+        return self.tensors[name]

@@ -1,0 +1,16 @@
+rule vocab_mapping:
+    input:
+        tokens=get_all_token_shards(),
+        model=MODEL_INPUT,
+    output:
+        directory("results/vocab"),
+    log:
+        "logs/vocab/vocab_mapping.log",
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        draft_vocab_size=config.get("vocab_mapping", {}).get("draft_vocab_size"),
+        model=config["model"]["path"],
+    shell:
+        "python scripts/vocab_mapping.py --tokens {input.tokens} --model {params.model} "
+        "--draft-vocab-size {params.draft_vocab_size} --out {output} > {log} 2>&1"

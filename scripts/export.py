@@ -1,0 +1,21 @@
+#!/usr/bin/env python
+"""Export hidden-state shards to SpecForge's or vLLM speculators' training layout."""
+
+import argparse
+import logging
+
+from eagle3_datagen.export import FORMATS, export
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--format", choices=FORMATS, required=True)
+    p.add_argument("--hidden", nargs="+", required=True, help="hidden-state shard directories, in order")
+    p.add_argument("--out", required=True, help="directory to create")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    logging.getLogger("export").info("%s", export(args.hidden, args.out, args.format))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+#!/usr/bin/env python
+"""Count loss-masked target tokens over token shards and write the draft vocabulary (d2t, t2d)."""
+
+import argparse
+import logging
+
+from eagle3_datagen.vocab import run_vocab
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--tokens", nargs="+", required=True, help="token shards (.jsonl.zst)")
+    p.add_argument("--model", required=True, help="model directory (its config.json gives the vocabulary size)")
+    p.add_argument("--draft-vocab-size", type=int, required=True)
+    p.add_argument("--out", required=True, help="directory to create")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    summary = run_vocab(args.tokens, args.model, args.draft_vocab_size, args.out)
+    logging.getLogger("vocab").info("%s", summary)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Exporters and the vocabulary mapping, read back as SpecForge and vLLM speculators read them."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eagle3_datagen.export import export
+from eagle3_datagen.hidden import HFCapture, HiddenShard, capture_shard
+from eagle3_datagen.io import write_jsonl_zst
+from eagle3_datagen.vocab import loss_token_counts, run_vocab, vocab_mapping
+
+from .test_hidden import SETTINGS, make_samples
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, tiny_model_dir):
+    """Two shards of 7 and 5 samples of mixed lengths."""
+    root = tmp_path_factory.mktemp("shards")
+    capture = HFCapture(tiny_model_dir, "auto", "normed", {"dtype": "float32"})
+    samples = make_samples(12, seed=4)
+    dirs = [root / "00000", root / "00001"]
+    capture_shard(samples[:7], dirs[0], capture, {**SETTINGS, "dtype": "bfloat16", "shard_bytes": 8_000})
+    capture_shard(samples[7:], dirs[1], capture, {**SETTINGS, "dtype": "bfloat16"})
+    return dirs
+
+
+def stored(shards):
+    return [s for d in shards for s in HiddenShard(d)]
+
+
+def test_specforge_layout_round_trips(tmp_path, shards):
+    summary = export(shards, tmp_path / "sf", "specforge")
+    assert summary["samples"] == 12
+    ids = [json.loads(line) for line in (tmp_path / "sf" / "ids.jsonl").read_text().splitlines()]
+    for index, sample in enumerate(stored(shards)):
+        # as SpecForge's offline dataset loads a sample
+        data = torch.load(tmp_path / "sf" / "rows_0-1000" / f"data_{index}.ckpt", weights_only=True)
+        length = len(sample["input_ids"])
+        assert data["input_ids"].shape == data["loss_mask"].shape == (length,)
+        assert data["hidden_state"].shape == (1, length, 32) and data["aux_hidden_state"].shape == (1, length, 96)
+        assert torch.equal(data["input_ids"], sample["input_ids"].long())
+        assert torch.equal(data["loss_mask"], sample["loss_mask"].long())
+        assert torch.equal(data["hidden_state"][0], sample["hidden_states"])
+        assert torch.equal(data["aux_hidden_state"][0], sample["aux_hidden_states"])
+        assert ids[index] == {"index": index, "id": sample["id"]}
+
+
+def test_speculators_layout_round_trips(tmp_path, shards):
+    export(shards, tmp_path / "sp", "speculators")
+    for index, sample in enumerate(stored(shards)):
+        data = load_file(tmp_path / "sp" / f"hs_{index}.safetensors")
+        length = len(sample["input_ids"])
+        assert data["hidden_states"].shape == (length, 4, 32)  # 3 auxiliary layers, then the final one
+        assert torch.equal(data["token_ids"], sample["input_ids"].long())
+        assert torch.equal(data["hidden_states"][:, -1], sample["hidden_states"])
+        # speculators' auxiliary input: every layer but the last, flattened
+        assert torch.equal(data["hidden_states"][:, :-1].flatten(1), sample["aux_hidden_states"])
+        assert torch.equal(data["loss_mask"], sample["loss_mask"].long())
+
+
+def test_vocab_mapping_takes_the_most_trained_tokens():
+    counts = np.array([0, 5, 1, 9, 0, 5, 2])
+    d2t, t2d = vocab_mapping(counts, 3)
+    chosen = np.arange(3) + d2t
+    assert chosen.tolist() == [1, 3, 5]  # 9, 5 and 5 (a tie goes to the lower id), in target-id order
+    assert t2d.tolist() == [False, True, False, True, False, True, False]
+    with pytest.raises(ValueError, match="must be in 1..7"):
+        vocab_mapping(counts, 8)
+
+
+def test_token_counts_only_count_loss_masked_tokens(tmp_path, tiny_model_dir):
+    path = tmp_path / "t.jsonl.zst"
+    write_jsonl_zst(
+        path,
+        [
+            {"id": "a", "input_ids": [7, 8, 9, 9], "loss_mask": [0, 0, 1, 1]},
+            {"id": "b", "input_ids": [9, 3, 3], "loss_mask": [1, 0, 1]},
+        ],
+    )
+    counts = loss_token_counts([path], 512)
+    assert counts[9] == 3 and counts[3] == 1 and counts[7] == counts[8] == 0 and counts.sum() == 4
+    summary = run_vocab([str(path)], tiny_model_dir, 1, tmp_path / "vocab")
+    assert summary["coverage"] == 0.75 and summary["target_vocab_size"] == 512
+    assert np.load(tmp_path / "vocab" / "d2t.npy").tolist() == [9]
