@@ -20,6 +20,11 @@ def get_final_output():
     return outputs
 
 
+def get_model_path(wildcards, input):
+    """The model directory: the demo's as the rule's input, a production one from config."""
+    return input.model if MODEL_INPUT else config["model"]["path"]
+
+
 def get_partition_hidden_shards(wildcards):
     p = wildcards.partition
     return expand("results/{p}/hidden/{s}", p=p, s=shards(p))

@@ -10,7 +10,7 @@ rule vocab_mapping:
         "../envs/cpu.yaml"
     params:
         draft_vocab_size=config.get("vocab_mapping", {}).get("draft_vocab_size"),
-        model=config["model"]["path"],
+        model=get_model_path,
     shell:
         "python scripts/vocab_mapping.py --tokens {input.tokens} --model {params.model} "
         "--draft-vocab-size {params.draft_vocab_size} --out {output} > {log} 2>&1"

@@ -13,7 +13,7 @@ import pytest
 from eagle3_datagen.backends.openrouter import MissingApiKey, OpenRouterBackend
 from eagle3_datagen.backends.sglang import ServerError, SGLangBackend, launched_server
 from eagle3_datagen.chat import load_tokenizer
-from eagle3_datagen.generation import Budgets, IncompleteRun, run_journaled_responses
+from eagle3_datagen.generation import Budgets, IncompleteRun, Progress, run_journaled_responses
 from eagle3_datagen.io import read_jsonl, write_jsonl_zst
 from eagle3_datagen.journal import journal_path
 from eagle3_datagen.loopback import FaultPlan, Loopback, serve_in_thread
@@ -67,7 +67,8 @@ def test_openrouter_retries_every_transient_error_and_records_each_turn(tmp_path
     server = Loopback("unused", api_key=api_key, faults=faults)
     prompts = prompts_file(tmp_path, 24, turns=2)
     with serve_in_thread(server) as url:
-        stats = run(tmp_path, prompts, openrouter(url, concurrency=8))
+        routing = {"order": ["moonshotai"], "allow_fallbacks": False, "quantizations": ["int4"]}
+        stats = run(tmp_path, prompts, openrouter(url, concurrency=8, provider=routing))
     rows = read_jsonl(tmp_path / "out.jsonl.zst")
     assert [r["id"] for r in rows] == [f"id{i:04d}" for i in range(24)]
     assert stats["status"] == {"ok": 24} and stats["assistant_turns"] == 48
@@ -79,6 +80,11 @@ def test_openrouter_retries_every_transient_error_and_records_each_turn(tmp_path
     assert set(server.completed.values()) == {1}  # no request answered twice
     assert stats["usage"]["cost"] == pytest.approx(0.048)
     assert not journal_path(tmp_path / "out.jsonl.zst").exists()
+    sent = server.last_chat_request
+    assert sent["provider"] == {"order": ["moonshotai"], "allow_fallbacks": False, "quantizations": ["int4"]}
+    assert (
+        sent["reasoning"] == {"enabled": True} and sent["max_tokens"] == 64 and sent["model"] == "moonshotai/kimi-k2.5"
+    )
 
 
 def test_retry_after_is_honoured(tmp_path, api_key):
@@ -233,3 +239,52 @@ def test_kill_9_then_rerun_loses_and_repeats_nothing(tmp_path, model_dir, api_ke
     assert all(r["status"] == "ok" for r in rows)
     assert max(server.completed.values()) <= 2  # only requests in flight at the kill ran twice
     assert sum(server.completed.values()) <= 40 + 2  # concurrency 2: at most 2 were in flight
+
+
+def test_sigterm_stops_a_launched_server(tmp_path, model_dir):
+    port = 19000 + os.getpid() % 1000
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from eagle3_datagen.backends.sglang import launched_server\n"
+            "launch = {'command': [sys.executable, '-m', 'eagle3_datagen.loopback'], 'health_timeout': 120}\n"
+            f"with launched_server({str(model_dir)!r}, 'http://127.0.0.1:{port}', launch, {str(tmp_path / 's.log')!r})"
+            " as p:\n"
+            "    print(p.pid, flush=True)\n"
+            "    time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    server_pid = int(job.stdout.readline())
+    os.kill(server_pid, 0)  # running
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=60) != 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the server outlived the job")
+
+
+def test_progress_in_a_log_file_is_plain_lines(caplog):
+    progress = Progress(total=3, interval=0.0)
+    with caplog.at_level("INFO", logger="eagle3_datagen.generation"):
+        for i in range(3):
+            progress.update(
+                {
+                    "status": "failed" if i == 1 else "ok",
+                    "messages": [
+                        {"role": "assistant", "usage": {"prompt_tokens": 10, "completion_tokens": 5, "cost": 0.5}}
+                    ],
+                }
+            )
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[-1].startswith("progress: 3/3 prompts,") and "1 failed, $1.5000" in lines[-1]
+    assert not any("\r" in line for line in lines)

@@ -48,6 +48,7 @@ class Loopback:
         self.attempts: Counter = Counter()  # request key -> attempts seen
         self.completed: Counter = Counter()  # request key -> successful answers
         self.status_counts: Counter = Counter()
+        self.last_chat_request: dict | None = None
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -122,6 +123,7 @@ class Loopback:
             self.status_counts["401"] += 1
             return web.json_response({"error": {"code": 401, "message": "No auth credentials found"}}, status=401)
         body = await request.json()
+        self.last_chat_request = body
         key = hashlib.sha256(json.dumps(body["messages"]).encode()).hexdigest()
         last_user = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
         if any(word in last_user for word in self.faults.reject):

@@ -164,6 +164,8 @@ class SGLangBackend:
         ):
             output_ids.append(self.specials.end_of_turn_id)  # a server that trims the matched token
         parsed = split_output_ids(self.tokenizer, output_ids, self.specials, prompt_ids)
+        think_end = self.specials.think_end_id
+        reasoning_tokens = output_ids.index(think_end) + 1 if think_end in output_ids else 0
         return Turn(
             content=parsed.content,
             reasoning=parsed.reasoning,
@@ -172,6 +174,7 @@ class SGLangBackend:
                 "prompt_tokens": meta.get("prompt_tokens", len(prompt_ids)),
                 "completion_tokens": meta.get("completion_tokens", len(output_ids)),
                 "cached_tokens": meta.get("cached_tokens", 0),
+                "reasoning_tokens": reasoning_tokens,
             },
             output_ids=output_ids,
             malformed=None if parsed.well_formed else "think_block",
