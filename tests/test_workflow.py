@@ -18,7 +18,7 @@ from eagle3_datagen.io import read_jsonl
 from eagle3_datagen.loopback import Loopback, serve_in_thread
 from eagle3_datagen.tokens import loss_spans
 
-from .conftest import REPO, copy_workflow, readme_commands, snakemake
+from .conftest import REPO, copy_workflow, readme_commands, run, snakemake
 
 PARTITIONS = {"demo_sharegpt": 2, "demo_openai": 2, "demo_alpaca": 1}
 SCHEMA = REPO / "schemas" / "config.schema.yaml"
@@ -288,3 +288,26 @@ def test_openrouter_key_never_reaches_the_work_dir(demo_dir, tmp_path, monkeypat
                 assert marker.encode() not in path.read_bytes(), path
                 scanned += 1
     assert scanned > 100 and (work / ".snakemake").is_dir()
+
+
+def test_plan_counts_only_what_a_dry_run_would_regenerate(demo_dir, tmp_path):
+    work = tmp_path / "wf"
+    shutil.copytree(demo_dir, work, symlinks=True)
+    plan = json.loads(run([sys.executable, "scripts/plan.py", "--json"], work).stdout)
+    assert plan["partitions"] == [] and plan["total"]["prompts"] == 0
+    config = yaml.safe_load((work / "config.yaml").read_text())
+    config["partitions"]["demo_alpaca"].update(system_prompt="You are brief.", backend="openrouter")
+    config["inference"]["openrouter"] = {"model": "m", "price_per_million": {"prompt": 0.6, "completion": 3.0}}
+    config["plan"] = {"throughput": {"prefill_tokens_per_s": 1000}}
+    (work / "changed.yaml").write_text(yaml.safe_dump(config))
+    plan = json.loads(run([sys.executable, "scripts/plan.py", "--json", "--configfile", "changed.yaml"], work).stdout)
+    [alpaca] = plan["partitions"]
+    stats = json.loads((work / "results/demo_alpaca/prompts/stats.json").read_text())
+    assert alpaca["partition"] == "demo_alpaca" and alpaca["prompts"] == stats["prompts"] == 26
+    assert alpaca["completion_basis"].startswith("observed")
+    expected_cost = alpaca["prompt_tokens"] / 1e6 * 0.6 + alpaca["completion_tokens"] / 1e6 * 3.0
+    assert alpaca["cost_usd"] == pytest.approx(expected_cost)
+    tokens = alpaca["prompt_tokens"] + alpaca["completion_tokens"]
+    assert alpaca["hidden_bytes"] == tokens * ((3 + 1) * 64 * 2 + 5)  # 3 aux layers + final, hidden 64, bf16
+    assert alpaca["hidden_gpu_hours"] == pytest.approx(tokens / 1000 / 3600)
+    assert plan["exceeds_free_disk"] is False

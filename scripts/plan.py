@@ -1,0 +1,46 @@
+#!/usr/bin/env python
+"""Plan a run without calling any model: per partition that `snakemake -n` would regenerate,
+prompts, prompt and completion tokens, OpenRouter cost, GPU hours and hidden-state bytes.
+
+It first builds the prompt shards (cheap, CPU only) so that prompts can be counted and
+tokenized, then reads Snakemake's dry-run to see which partitions are invalidated.
+Run from the workflow directory, with the same --configfile and --profile as the run.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from eagle3_datagen.plan import format_plan, make_plan, scheduled_partitions
+
+
+def snakemake(args: list[str]) -> str:
+    # The snakemake of this interpreter's environment, whether or not it is on PATH.
+    executable = Path(sys.executable).parent / "snakemake"
+    proc = subprocess.run([str(executable), *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configfile", help="the run's config (default: config.yaml)")
+    p.add_argument("--profile", default="profiles/local", help="the run's profile (default: profiles/local)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    args = p.parse_args()
+    common = ["--profile", args.profile] + (["--configfile", args.configfile] if args.configfile else [])
+    config = yaml.safe_load(Path(args.configfile or "config.yaml").read_text())
+    prompt_rules = [f"prompts_{name}" for name in config["partitions"]]
+    snakemake([*common, "--until", *prompt_rules, "--cores", "2", "--quiet", "all"])
+    dry_run = snakemake([*common, "-n"])
+    plan = make_plan(config, sorted(scheduled_partitions(dry_run)))
+    print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+
+
+if __name__ == "__main__":
+    main()
