@@ -1,6 +1,7 @@
 """The SGLang and OpenRouter backends against the loopback server, faults included."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -13,10 +14,11 @@ import pytest
 from eagle3_datagen.backends.openrouter import MissingApiKey, OpenRouterBackend
 from eagle3_datagen.backends.sglang import ServerError, SGLangBackend, launched_server
 from eagle3_datagen.chat import load_tokenizer
-from eagle3_datagen.generation import Budgets, IncompleteRun, Progress, run_journaled_responses
+from eagle3_datagen.generation import Budgets, IncompleteRun, run_journaled_responses
 from eagle3_datagen.io import read_jsonl, write_jsonl_zst
 from eagle3_datagen.journal import journal_path
 from eagle3_datagen.loopback import FaultPlan, Loopback, serve_in_thread
+from eagle3_datagen.progress import Progress
 
 REPO = Path(__file__).resolve().parents[1]
 KEY_ENV = "E3DG_TEST_OPENROUTER_KEY"
@@ -274,17 +276,12 @@ def test_sigterm_stops_a_launched_server(tmp_path, model_dir):
 
 
 def test_progress_in_a_log_file_is_plain_lines(caplog):
-    progress = Progress(total=3, interval=0.0)
-    with caplog.at_level("INFO", logger="eagle3_datagen.generation"):
+    logger = logging.getLogger("test.progress")
+    progress = Progress(3, "prompts", logger, interval=0.0)
+    with caplog.at_level("INFO", logger="test.progress"):
         for i in range(3):
-            progress.update(
-                {
-                    "status": "failed" if i == 1 else "ok",
-                    "messages": [
-                        {"role": "assistant", "usage": {"prompt_tokens": 10, "completion_tokens": 5, "cost": 0.5}}
-                    ],
-                }
-            )
+            progress.advance(tokens=15, failed=i == 1, cost=0.5)
     lines = [r.getMessage() for r in caplog.records]
-    assert lines[-1].startswith("progress: 3/3 prompts,") and "1 failed, $1.5000" in lines[-1]
+    assert len(lines) == 3 and lines[-1].startswith("progress: 3/3 prompts, ")
+    assert "tokens/s, 1 failed, $1.5000, ETA 0 s" in lines[-1]
     assert not any("\r" in line for line in lines)

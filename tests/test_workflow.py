@@ -311,3 +311,47 @@ def test_plan_counts_only_what_a_dry_run_would_regenerate(demo_dir, tmp_path):
     assert alpaca["hidden_bytes"] == tokens * ((3 + 1) * 64 * 2 + 5)  # 3 aux layers + final, hidden 64, bf16
     assert alpaca["hidden_gpu_hours"] == pytest.approx(tokens / 1000 / 3600)
     assert plan["exceeds_free_disk"] is False
+
+
+def test_long_jobs_log_progress_as_plain_lines(demo_dir):
+    for stage in ("tokens", "hidden"):
+        for log in sorted(demo_dir.glob(f"logs/*/{stage}/*.log")):
+            text = log.read_text()
+            assert "progress: " in text and " ETA " in text and "\r" not in text, log
+
+
+def status(work, *args):
+    return json.loads(run([sys.executable, "scripts/status.py", "--json", *args], work).stdout)
+
+
+def test_status_tells_complete_stale_running_and_failed(demo_dir, tmp_path):
+    work = tmp_path / "wf"
+    shutil.copytree(demo_dir, work, symlinks=True)
+    assert {p: s["state"] for p, s in status(work).items()} == dict.fromkeys(PARTITIONS, "complete")
+    config = yaml.safe_load((work / "config.yaml").read_text())
+    config["partitions"]["demo_alpaca"]["system_prompt"] = "You are brief."
+    (work / "changed.yaml").write_text(yaml.safe_dump(config))
+    changed = status(work, "--configfile", "changed.yaml")
+    assert changed["demo_alpaca"]["state"] == "stale" and changed["demo_openai"]["state"] == "complete"
+    assert "prompts_demo_alpaca: params changed" in changed["demo_alpaca"]["detail"]
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    command = [
+        str(Path(sys.executable).parent / "snakemake"),
+        "--profile",
+        "profiles/local",
+        "--configfile",
+        "changed.yaml",
+    ]
+    job = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen = set()
+    while job.poll() is None:
+        seen.add(status(work, "--configfile", "changed.yaml")["demo_alpaca"]["state"])
+    assert job.returncode == 0 and "running" in seen
+    assert status(work, "--configfile", "changed.yaml")["demo_alpaca"]["state"] == "complete"
+
+    shutil.rmtree(work / "results/demo_alpaca/hidden/00000")
+    (work / "results/demo_alpaca/tokens/00000.jsonl.zst").write_bytes(b"not zstd")
+    snakemake(["--profile", "profiles/local", "--configfile", "changed.yaml"], work, check=False)
+    failed = status(work, "--configfile", "changed.yaml")["demo_alpaca"]
+    assert failed["state"] == "failed" and "results/demo_alpaca/hidden/00000" in failed["detail"]

@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
-
-from tqdm import tqdm
 
 from .backends.http import RequestFailed, RetryableError, StopRun
 from .io import read_jsonl, write_json, write_jsonl_zst
 from .journal import Journal, journal_path
+from .progress import Progress
 from .responses import Turn, interleave, response_stats
 
 log = logging.getLogger(__name__)
@@ -73,52 +70,6 @@ def row_usage(row: dict) -> dict:
     return usage
 
 
-@dataclass
-class Progress:
-    """A live bar on a terminal; in a log file, one plain line every `interval` seconds."""
-
-    total: int
-    done: int = 0
-    tokens: int = 0
-    errors: int = 0
-    cost: float = 0.0
-    interval: float = 30.0
-    started: float = field(default_factory=time.monotonic)
-    _last_line: float = 0.0
-    _bar: tqdm | None = None
-
-    def __post_init__(self) -> None:
-        if sys.stderr.isatty():
-            self._bar = tqdm(total=self.total, initial=self.done, unit="prompt", dynamic_ncols=True)
-
-    def update(self, row: dict) -> None:
-        usage = row_usage(row)
-        self.done += 1
-        self.tokens += usage["total_tokens"]
-        self.cost += usage["cost"]
-        self.errors += row["status"] == "failed"
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        if self._bar is not None:
-            self._bar.set_postfix(tok_s=f"{self.tokens / elapsed:.0f}", errors=self.errors, cost=f"${self.cost:.2f}")
-            self._bar.update(1)
-        elif time.monotonic() - self._last_line >= self.interval or self.done == self.total:
-            self._last_line = time.monotonic()
-            log.info("progress: %s", self.line())
-
-    def line(self) -> str:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        rate = self.done / elapsed
-        eta = (self.total - self.done) / rate if rate else float("inf")
-        return (
-            f"{self.done}/{self.total} prompts, {self.tokens / elapsed:.0f} tokens/s, {self.errors} failed, "
-            f"${self.cost:.4f}, ETA {eta:.0f} s"
-        )
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
 async def _conversation(prompt: dict, backend: AsyncBackend) -> dict:
     replies: list[dict] = []
     status, error = "ok", None
@@ -165,7 +116,7 @@ async def regenerate_journaled(
     for prompt in prompts:
         if prompt["id"] not in journal.rows:
             pending.put_nowait(prompt)
-    progress = Progress(len(prompts), done=len(prompts) - pending.qsize(), interval=progress_interval)
+    progress = Progress(len(prompts), "prompts", log, done=len(prompts) - pending.qsize(), interval=progress_interval)
     stopped: list[str] = []
 
     async def worker() -> None:
@@ -181,9 +132,10 @@ async def regenerate_journaled(
                 stopped.append(str(e))
                 return
             journal.append(row)
-            for key, value in row_usage(row).items():
+            spent = row_usage(row)
+            for key, value in spent.items():
                 usage[key] += value
-            progress.update(row)
+            progress.advance(tokens=spent["total_tokens"], failed=row["status"] == "failed", cost=spent["cost"])
 
     try:
         async with backend:

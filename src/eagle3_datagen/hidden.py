@@ -29,6 +29,7 @@ from safetensors.torch import save as safetensors_bytes
 
 from .io import atomic_dir, atomic_path, read_jsonl, write_json
 from .models import DTYPES, load_causal_lm
+from .progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +230,7 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, 
     zstd_level = settings.get("compress_level", 3) if settings.get("compress", "none") == "zstd" else None
     nonfinite: list[str] = []
     index_parts = []
+    progress = Progress(len(samples), "samples", log)
     for number, part in enumerate(parts):
         part_samples = [samples[i] for i in part]
         ids = [s["id"] for s in part_samples]
@@ -251,6 +253,7 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, 
             nonfinite += bad
             write_part(path, part_samples, states, dtype, {"part_key": key, "nonfinite": bad}, zstd_level)
             log.info("part %d: %d samples, %d tokens written", number, len(part), sum(lengths[i] for i in part))
+        progress.advance(len(part), tokens=sum(lengths[i] for i in part))
         index_parts.append(
             {
                 "file": path.name,
@@ -264,6 +267,7 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, 
     # Parts of an earlier plan (another shard_bytes or compression) must not ship with this one.
     for stale in set(work.iterdir()) - {work / p["file"] for p in index_parts}:
         stale.unlink()
+    progress.close()
     limit = settings.get("max_nonfinite_fraction", 0.0)
     if samples and len(nonfinite) / len(samples) > limit:
         raise FloatingPointError(

@@ -28,6 +28,7 @@ from transformers import PreTrainedTokenizerBase
 
 from .chat import SpecialTokens, load_tokenizer, render_text, resolve_special_tokens
 from .io import read_jsonl, write_json, write_jsonl_zst
+from .progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -453,19 +454,23 @@ def build_samples(
     log.info("special tokens: %s", builder.specials.as_dict())
     chunks = [rows[i : i + CHUNK_ROWS] for i in range(0, len(rows), CHUNK_ROWS)]
     samples: list[dict] = []
+    progress = Progress(len(rows), "rows", log)
     if workers > 1 and len(chunks) > 1:
         global _worker_builder
         _worker_builder = builder
         # Forked workers inherit the loaded tokenizer; each encodes on one core.
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_one_core) as pool:
-            for done, (chunk_samples, audit) in enumerate(pool.map(_build_chunk, chunks), 1):
+            for chunk, (chunk_samples, audit) in zip(chunks, pool.map(_build_chunk, chunks), strict=True):
                 samples.extend(chunk_samples)
                 builder.audit.merge(audit, settings.audit_examples)
-                log.info("tokens: %d/%d chunks", done, len(chunks))
+                progress.advance(len(chunk), tokens=sum(len(s["input_ids"]) for s in chunk_samples))
     else:
         for chunk in chunks:
-            samples.extend(builder.samples_for_rows(chunk))
+            chunk_samples = builder.samples_for_rows(chunk)
+            samples.extend(chunk_samples)
+            progress.advance(len(chunk), tokens=sum(len(s["input_ids"]) for s in chunk_samples))
+    progress.close()
     return samples, builder.report()
 
 

@@ -1,0 +1,39 @@
+#!/usr/bin/env python
+"""Tell which partitions are complete, running, stale, failed or pending, from Snakemake's records.
+
+Run from the workflow directory with the run's --configfile and --profile.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from eagle3_datagen.status import format_states, incomplete_outputs, is_locked, parse_summary, partition_states
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configfile", help="the run's config (default: config.yaml)")
+    p.add_argument("--profile", default="profiles/local")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    command = [str(Path(sys.executable).parent / "snakemake"), "--summary", "--profile", args.profile, "--nolock"]
+    if args.configfile:
+        command += ["--configfile", args.configfile]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"snakemake --summary failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    config = yaml.safe_load(Path(args.configfile or "config.yaml").read_text())
+    locked = is_locked(".")
+    states = partition_states(
+        parse_summary(proc.stdout), sorted(config["partitions"]), ".", incomplete_outputs("."), locked
+    )
+    print(json.dumps(states, indent=2) if args.json else format_states(states))
+
+
+if __name__ == "__main__":
+    main()
