@@ -97,6 +97,6 @@ def get_partition_stage_files(wildcards):
             "results/{p}/responses/{s}.stats.json", p=p, s=shards(p)
         ),
         "audits": expand("results/{p}/tokens/{s}.audit.json", p=p, s=shards(p)),
-        "hidden": expand("results/{p}/hidden/{s}", p=p, s=shards(p)),
+        "hidden": get_partition_hidden_shards(wildcards),
         "probes": expand("results/{p}/probe/{s}.json", p=p, s=shards(p)),
     }

@@ -11,6 +11,7 @@ and a rerun continues from the journal.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from .backends.http import RequestFailed, RetryableError, StopRun
 from .io import read_jsonl, write_json, write_jsonl_zst
 from .journal import Journal, journal_path
 from .progress import Progress
-from .responses import Turn, interleave, response_stats
+from .responses import Turn, interleave, response_stats, through_last_reply
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +89,9 @@ async def _conversation(prompt: dict, backend: AsyncBackend) -> dict:
         status = turn.status
         if status != "ok":
             break
-    messages = interleave(prompt["messages"], replies)
-    while messages and messages[-1]["role"] != "assistant":
-        messages = messages[:-1]
     row = {
         "id": prompt["id"],
-        "messages": messages,
+        "messages": through_last_reply(interleave(prompt["messages"], replies)),
         "source": prompt["source"],
         "backend": backend.name,
         "model": backend.model,
@@ -155,7 +153,7 @@ def run_journaled_responses(
     progress_interval: float = 30.0,
 ) -> dict:
     prompts = read_jsonl(prompts_path)
-    fingerprint = str(sorted(backend.fingerprint().items()))
+    fingerprint = json.dumps(backend.fingerprint(), sort_keys=True)
     journal = Journal(journal_path(out_path), fingerprint)
     try:
         stopped = asyncio.run(regenerate_journaled(prompts, backend, journal, budgets, progress_interval))

@@ -234,7 +234,8 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, 
     for number, part in enumerate(parts):
         part_samples = [samples[i] for i in part]
         ids = [s["id"] for s in part_samples]
-        key = _part_key(layout, ids, [lengths[i] for i in part])
+        part_lengths = [lengths[i] for i in part]
+        key = _part_key(layout, ids, part_lengths)
         path = work / _part_name(number, zstd_level is not None)
         done = _part_metadata(path)
         if done is not None and done["part_key"] == key:
@@ -242,7 +243,7 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, 
             nonfinite += done["nonfinite"]
         else:
             states: list = [None] * len(part_samples)
-            for batch in plan_batches([len(s["input_ids"]) for s in part_samples], settings["max_batch_tokens"]):
+            for batch in plan_batches(part_lengths, settings["max_batch_tokens"]):
                 for i, state in zip(batch, capture([part_samples[i]["input_ids"] for i in batch]), strict=True):
                     states[i] = state
             bad = [
@@ -252,13 +253,13 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, 
             ]
             nonfinite += bad
             write_part(path, part_samples, states, dtype, {"part_key": key, "nonfinite": bad}, zstd_level)
-            log.info("part %d: %d samples, %d tokens written", number, len(part), sum(lengths[i] for i in part))
-        progress.advance(len(part), tokens=sum(lengths[i] for i in part))
+            log.info("part %d: %d samples, %d tokens written", number, len(part), sum(part_lengths))
+        progress.advance(len(part), tokens=sum(part_lengths))
         index_parts.append(
             {
                 "file": path.name,
                 "samples": len(part),
-                "tokens": sum(lengths[i] for i in part),
+                "tokens": sum(part_lengths),
                 "bytes": path.stat().st_size,
                 "raw_bytes": _raw_size(path),
                 "ids": ids,
@@ -358,10 +359,14 @@ class HiddenShard:
     def __iter__(self) -> Iterator[dict]:
         return self.iter_samples()
 
-    def __getitem__(self, sample_id: str) -> dict:
+    def sample(self, sample_id: str, columns: Sequence[str] = COLUMNS) -> dict:
+        """One sample by id, with only `columns` read."""
         number, k = self._where[sample_id]
         with self._open(self.index["parts"][number]) as f:
-            return self._sample(f, f.get_tensor("offsets"), sample_id, k)
+            return self._sample(f, f.get_tensor("offsets"), sample_id, k, columns)
+
+    def __getitem__(self, sample_id: str) -> dict:
+        return self.sample(sample_id)
 
 
 class _LoadedPart:

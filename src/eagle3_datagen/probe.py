@@ -147,6 +147,17 @@ def _subsample(positions: _Positions, budget: int, seed: int) -> _Positions:
     return _Positions(*(a[keep] for a in positions.__dict__.values()))
 
 
+def _probed_states(shard: HiddenShard, ids: list[str], positions: _Positions) -> torch.Tensor:
+    """The stored final state before each probed token, reading only the samples probed."""
+    rows: list[torch.Tensor | None] = [None] * len(positions.sample)
+    for k in np.unique(positions.sample):
+        at = np.flatnonzero(positions.sample == k)
+        hidden = shard.sample(ids[k], ("hidden_states",))["hidden_states"]
+        for i, row in zip(at, hidden[torch.as_tensor(positions.target[at] - 1)], strict=True):
+            rows[i] = row
+    return torch.stack(rows) if rows else torch.zeros(0)
+
+
 def _stats(agree: np.ndarray, logprob: np.ndarray, top5: np.ndarray) -> dict:
     if not len(agree):
         return {"positions": 0}
@@ -161,18 +172,13 @@ def _stats(agree: np.ndarray, logprob: np.ndarray, top5: np.ndarray) -> dict:
 def probe_shard(shard_dir: str | Path, head: LMHead, settings: ProbeSettings, chunk: int = 1024) -> dict:
     """Probe one hidden-state shard; returns the numbers (no verdict)."""
     shard = HiddenShard(shard_dir)
-    samples = list(shard.iter_samples(("input_ids", "loss_mask", "hidden_states")))
+    # Token IDs and masks of every sample are small; final states are read only where probed.
+    samples = list(shard.iter_samples(("input_ids", "loss_mask")))
     masks = [s["loss_mask"].numpy().astype(bool) for s in samples]
     candidates = _candidate_positions(masks)
     positions = _subsample(candidates, settings.max_positions, settings.seed)
     normed = shard.index["final"] == "normed"
-    states = (
-        torch.stack(
-            [samples[k]["hidden_states"][j - 1] for k, j in zip(positions.sample, positions.target, strict=True)]
-        )
-        if len(positions.sample)
-        else torch.zeros(0)
-    )
+    states = _probed_states(shard, [s["id"] for s in samples], positions)
     tokens = torch.tensor(
         [int(samples[k]["input_ids"][j]) for k, j in zip(positions.sample, positions.target, strict=True)],
         dtype=torch.long,

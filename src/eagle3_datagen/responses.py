@@ -81,7 +81,8 @@ def interleave(prompt_messages: list[dict], replies: list[dict]) -> list[dict]:
     return messages
 
 
-def _through_last_reply(messages: list[dict]) -> list[dict]:
+def through_last_reply(messages: list[dict]) -> list[dict]:
+    """`messages` cut after their last assistant turn (a row ends with what was generated)."""
     while messages and messages[-1]["role"] != "assistant":
         messages = messages[:-1]
     return messages
@@ -104,7 +105,7 @@ def regenerate(prompts: list[dict], backend: Backend) -> list[dict]:
     return [
         {
             "id": p["id"],
-            "messages": _through_last_reply(interleave(p["messages"], replies[p["id"]])),
+            "messages": through_last_reply(interleave(p["messages"], replies[p["id"]])),
             "source": p["source"],
             "backend": backend.name,
             "model": backend.model,

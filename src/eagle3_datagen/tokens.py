@@ -177,8 +177,8 @@ class TokenBuilder:
         encoded = self.tokenizer(
             [p.text for p in plans], add_special_tokens=False, return_offsets_mapping=self.boundaries == "offsets"
         )
-        with_server = [p for p in plans if p.server_ids is not None]
-        prompt_ids = dict(zip(map(id, with_server), self._encode([p.prompt_text for p in with_server]), strict=True))
+        # What the server was sent for each last turn with server IDs, in plan order.
+        prompt_ids = iter(self._encode([p.prompt_text for p in plans if p.server_ids is not None]))
         if self.boundaries == "offsets":
             token_spans = [
                 _token_spans(offsets, p.char_spans) for p, offsets in zip(plans, encoded["offset_mapping"], strict=True)
@@ -187,7 +187,7 @@ class TokenBuilder:
             token_spans = self._prefix_token_spans(plans, encoded["input_ids"])
         samples = []
         for plan, ids, spans in zip(plans, encoded["input_ids"], token_spans, strict=True):
-            sample = self._finish(plan, ids, spans, prompt_ids.get(id(plan)))
+            sample = self._finish(plan, ids, spans, next(prompt_ids) if plan.server_ids is not None else None)
             if sample is not None:
                 samples.append(sample)
         return samples
@@ -235,9 +235,9 @@ class TokenBuilder:
         generation prompt's layout, which for a prefix-stable template is how they were produced.
         """
         last = loss_turns[-1]
-        prompt = self._render(messages[:last], True)
+        history, prompt = self._history(sample_id, messages, last)
         char_spans = [self._earlier_turn_chars(sample_id, prompt, messages, i) for i in loss_turns[:-1]]
-        turn = self._last_turn_text(sample_id, messages, prompt)
+        turn = self._last_turn_text(sample_id, messages, history, prompt)
         text = prompt + turn
         text, span = self._as_generated(text, (len(prompt), len(text)), messages[last])
         char_spans.append(span)
@@ -248,11 +248,12 @@ class TokenBuilder:
             server = None
         return _Plan(sample_id, text, char_spans, messages[last], prompt, server)
 
-    def _history(self, sample_id: str, messages: list[dict], index: int, within: str) -> tuple[str, str]:
+    def _history(self, sample_id: str, messages: list[dict], index: int, within: str | None = None) -> tuple[str, str]:
         """The history before turn `index` rendered alone and with the generation prompt, checked
-        to be a prefix of `within`."""
+        to be a prefix of the latter and of `within` (a longer conversation's rendering)."""
         history = self._render(messages[:index], False)
         prompt = self._render(messages[:index], True)
+        within = prompt if within is None else within
         if not prompt.startswith(history) or not within.startswith(history):
             at = len(os.path.commonprefix([history, within]))
             raise BoundaryError(
@@ -291,15 +292,15 @@ class TokenBuilder:
             )
         return start, self._end_of_turn(sample_id, text, start, messages[index])
 
-    def _last_turn_text(self, sample_id: str, messages: list[dict], prompt: str) -> str:
+    def _last_turn_text(self, sample_id: str, messages: list[dict], history: str, prompt: str) -> str:
         """The last assistant turn as the template renders it after `prompt`, to its end-of-turn token.
 
-        Usually the whole conversation's rendering continues `prompt`. A template may render the
+        `history` and `prompt` are the conversation before that turn rendered without and with
+        the generation prompt. Usually the whole conversation's rendering continues `prompt`. A template may render the
         history differently once a later turn exists (Kimi-K2.5 blanks the reasoning of a tool-call
         chain after its final answer): the turn then starts after the last generation prompt header.
         """
         last = len(messages) - 1
-        history, _ = self._history(sample_id, messages, last, prompt)
         full = self._render(messages, False)
         if full.startswith(prompt):
             start = len(prompt)
