@@ -49,6 +49,14 @@ RESPONSE_GPUS = {p: wf.gpus_for(config, "responses", p) for p in PARTITIONS}
 SERVER_PARTITIONS = [p for p in PARTITIONS if wf.served_by_launched_server(config, p)]
 SHARD_JOB_PARTITIONS = [p for p in PARTITIONS if p not in SERVER_PARTITIONS]
 HIDDEN_GPUS = wf.gpus_for(config, "hidden_states")
+# The sglang backend runs one tensor-parallel rank per GPU under torchrun.
+HIDDEN_SGLANG = config["hidden_states"].get("backend", "hf") == "sglang"
+HIDDEN_LAUNCHER = (
+    f"torchrun --standalone --nproc-per-node {HIDDEN_GPUS}"
+    if HIDDEN_SGLANG
+    else "python"
+)
+HIDDEN_ENV = "../envs/sglang.yaml" if HIDDEN_SGLANG else "../envs/cpu.yaml"
 PROBE_SETTINGS = {p: wf.as_json(wf.probe_settings(config, p)) for p in PARTITIONS}
 
 

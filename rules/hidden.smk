@@ -9,13 +9,14 @@ rule hidden_states:
     benchmark:
         "benchmarks/{partition}/hidden/{shard}.tsv"
     conda:
-        "../envs/cpu.yaml"
+        HIDDEN_ENV
     threads: 2
     resources:
         gpu=HIDDEN_GPUS,
         slurm_partition="gpu" if HIDDEN_GPUS else "cpu",
     params:
         settings=HIDDEN_SETTINGS,
+        launcher=HIDDEN_LAUNCHER,
     shell:
-        "python scripts/hidden_states.py --tokens {input.tokens} --out {output} "
+        "{params.launcher} scripts/hidden_states.py --tokens {input.tokens} --out {output} "
         "--settings {params.settings:q} --threads {threads} > {log} 2>&1"

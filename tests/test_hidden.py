@@ -160,6 +160,7 @@ def test_nonfinite_states_fail_past_the_threshold(tmp_path, capture, monkeypatch
 
     poisoned.model_name, poisoned.num_layers, poisoned.hidden_size = "m", 8, 32
     poisoned.aux_layers, poisoned.final = [2, 4, 5], "normed"
+    poisoned.ranks, poisoned.packed = capture.ranks, capture.packed
     with pytest.raises(FloatingPointError, match="4 of 4 samples have NaN/Inf"):
         capture_shard(samples, tmp_path / "nan", poisoned, SETTINGS)
     index = capture_shard(samples, tmp_path / "ok", poisoned, {**SETTINGS, "max_nonfinite_fraction": 1.0})

@@ -206,10 +206,12 @@ def production_dir(tmp_path_factory):
 @pytest.mark.parametrize("config", ["kimi-k2.5-sglang", "kimi-k2.5-openrouter"])
 def test_production_configs_dry_run_under_profiles(production_dir, profile, config):
     out = snakemake(
-        ["-n", "--profile", f"profiles/{profile}", "--configfile", f"config/{config}.yaml"], production_dir
+        ["-n", "-p", "--profile", f"profiles/{profile}", "--configfile", f"config/{config}.yaml"], production_dir
     ).stdout
     jobs = scheduled(out)
     assert sum(r == "hidden_states" for r, _ in jobs) == 32
+    # The hidden stage runs SGLang tensor parallel: one rank per GPU of the node.
+    assert out.count("torchrun --standalone --nproc-per-node 8 scripts/hidden_states.py") == 32
     blocks = {b.split(":", 1)[0].strip(): b for b in out.split("\nrule ")[1:]}
     assert re.search(r"\bgpu=8\b", blocks["hidden_states"])
     if "sglang" in config:  # the config launches the server: one job answers both partitions

@@ -84,23 +84,38 @@ def plan_parts(lengths: Sequence[int], bytes_per_token: int, shard_bytes: int) -
     return parts
 
 
-def plan_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
-    """Length-sorted batches whose padded size (rows x longest) stays within the budget."""
+def plan_batches(lengths: Sequence[int], max_batch_tokens: int, packed: bool = False) -> list[list[int]]:
+    """Length-sorted batches within the token budget: counted as rows x longest for padded
+    forward passes, as the sum of lengths for packed ones."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches, current = [], []
+    batches, current, total = [], [], 0
     for index in order:
         longest = lengths[index]  # sorted ascending: the newcomer is the longest
-        if current and (len(current) + 1) * longest > max_batch_tokens:
+        size = total + longest if packed else (len(current) + 1) * longest
+        if current and size > max_batch_tokens:
             batches.append(current)
-            current = []
+            current, total = [], 0
         current.append(index)
+        total += longest
     if current:
         batches.append(current)
     return batches
 
 
+class SingleProcess:
+    """The lockstep interface of `capture_sglang.TensorParallelRanks` for one process."""
+
+    writer = True
+
+    def agree(self, value):
+        return value
+
+
 class HFCapture:
     """Forward passes with transformers; hooks collect only the layers that are stored."""
+
+    packed = False  # right-padded batches
+    ranks = SingleProcess()
 
     def __init__(self, model_path: str | Path, aux_spec, final: str, settings: dict, trust_remote_code=False):
         self.lm = load_causal_lm(model_path, settings, trust_remote_code)
@@ -209,9 +224,15 @@ def write_part(
     return len(data)
 
 
-def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, settings: dict) -> dict:
-    """Write `samples`' hidden states to `out_dir` (parts, then index.json), resuming a partial run."""
+def capture_shard(samples: list[dict], out_dir: str | Path, capture, settings: dict) -> dict | None:
+    """Write `samples`' hidden states to `out_dir` (parts, then index.json), resuming a partial run.
+
+    `capture` is an `HFCapture` or an `SGLangCapture`; with tensor parallelism every rank calls
+    this with the same samples, runs the same forward passes, and only the writer rank writes and
+    returns the index (the others return None).
+    """
     out_dir = Path(out_dir)
+    ranks = capture.ranks
     layout = Layout(
         capture.model_name,
         capture.num_layers,
@@ -226,49 +247,61 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, 
     # Work happens in a sibling directory that Snakemake does not own, so complete parts
     # survive a killed job and the output directory appears only when whole.
     work = out_dir.with_name(f".{out_dir.name}.partial")
-    work.mkdir(parents=True, exist_ok=True)
     zstd_level = settings.get("compress_level", 3) if settings.get("compress", "none") == "zstd" else None
+    ids = [[samples[i]["id"] for i in part] for part in parts]
+    keys = [_part_key(layout, part_ids, [lengths[i] for i in part]) for part, part_ids in zip(parts, ids, strict=True)]
+    paths = [work / _part_name(number, zstd_level is not None) for number in range(len(parts))]
+    earlier: list[dict | None] = [None] * len(parts)
+    if ranks.writer:
+        work.mkdir(parents=True, exist_ok=True)
+        earlier = [_part_metadata(path) for path in paths]
+    # Only the writer reads the files; every rank must skip the same parts or the collectives hang.
+    kept = ranks.agree([done is not None and done["part_key"] == key for done, key in zip(earlier, keys, strict=True)])
     nonfinite: list[str] = []
     index_parts = []
     progress = Progress(len(samples), "samples", log)
     for number, part in enumerate(parts):
         part_samples = [samples[i] for i in part]
-        ids = [s["id"] for s in part_samples]
         part_lengths = [lengths[i] for i in part]
-        key = _part_key(layout, ids, part_lengths)
-        path = work / _part_name(number, zstd_level is not None)
-        done = _part_metadata(path)
-        if done is not None and done["part_key"] == key:
+        if kept[number]:
             log.info("part %d: complete from an earlier run, kept", number)
-            nonfinite += done["nonfinite"]
+            if ranks.writer:
+                nonfinite += earlier[number]["nonfinite"]
         else:
             states: list = [None] * len(part_samples)
-            for batch in plan_batches(part_lengths, settings["max_batch_tokens"]):
-                for i, state in zip(batch, capture([part_samples[i]["input_ids"] for i in batch]), strict=True):
-                    states[i] = state
-            bad = [
-                sid
-                for sid, (aux, fin) in zip(ids, states, strict=True)
-                if not (torch.isfinite(aux).all() and torch.isfinite(fin).all())
-            ]
-            nonfinite += bad
-            write_part(path, part_samples, states, dtype, {"part_key": key, "nonfinite": bad}, zstd_level)
-            log.info("part %d: %d samples, %d tokens written", number, len(part), sum(part_lengths))
+            for batch in plan_batches(part_lengths, settings["max_batch_tokens"], capture.packed):
+                batch_states = capture([part_samples[i]["input_ids"] for i in batch])
+                if ranks.writer:
+                    for i, state in zip(batch, batch_states, strict=True):
+                        states[i] = state
+            if ranks.writer:
+                bad = [
+                    sid
+                    for sid, (aux, fin) in zip(ids[number], states, strict=True)
+                    if not (torch.isfinite(aux).all() and torch.isfinite(fin).all())
+                ]
+                nonfinite += bad
+                metadata = {"part_key": keys[number], "nonfinite": bad}
+                write_part(paths[number], part_samples, states, dtype, metadata, zstd_level)
+                log.info("part %d: %d samples, %d tokens written", number, len(part), sum(part_lengths))
         progress.advance(len(part), tokens=sum(part_lengths))
-        index_parts.append(
-            {
-                "file": path.name,
-                "samples": len(part),
-                "tokens": sum(part_lengths),
-                "bytes": path.stat().st_size,
-                "raw_bytes": _raw_size(path),
-                "ids": ids,
-            }
-        )
-    # Parts of an earlier plan (another shard_bytes or compression) must not ship with this one.
-    for stale in set(work.iterdir()) - {work / p["file"] for p in index_parts}:
-        stale.unlink()
+        if ranks.writer:
+            index_parts.append(
+                {
+                    "file": paths[number].name,
+                    "samples": len(part),
+                    "tokens": sum(part_lengths),
+                    "bytes": paths[number].stat().st_size,
+                    "raw_bytes": _raw_size(paths[number]),
+                    "ids": ids[number],
+                }
+            )
     progress.close()
+    if not ranks.writer:
+        return None
+    # Parts of an earlier plan (another shard_bytes or compression) must not ship with this one.
+    for stale in set(work.iterdir()) - set(paths):
+        stale.unlink()
     limit = settings.get("max_nonfinite_fraction", 0.0)
     if samples and len(nonfinite) / len(samples) > limit:
         raise FloatingPointError(
@@ -297,14 +330,24 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: HFCapture, 
 
 def run_hidden(
     tokens_path: str | Path, out_dir: str | Path, model_path: str | Path, model_settings: dict, settings: dict
-) -> dict:
-    capture = HFCapture(
-        model_path,
-        settings["aux_layers"],
-        settings["final"],
-        settings.get("hf", {}),
-        model_settings.get("trust_remote_code", False),
-    )
+) -> dict | None:
+    """Capture one token shard with the configured backend (`hf` or `sglang`)."""
+    trust_remote_code = model_settings.get("trust_remote_code", False)
+    if settings.get("backend", "hf") == "sglang":
+        from .capture_sglang import load_sglang_capture
+
+        capture = load_sglang_capture(
+            model_path,
+            settings["aux_layers"],
+            settings["final"],
+            settings.get("sglang", {}),
+            trust_remote_code,
+            settings["max_batch_tokens"],
+        )
+    else:
+        capture = HFCapture(
+            model_path, settings["aux_layers"], settings["final"], settings.get("hf", {}), trust_remote_code
+        )
     return capture_shard(read_jsonl(tokens_path), out_dir, capture, settings)
 
 

@@ -1,0 +1,149 @@
+"""Compare the `sglang` hidden-state backend with `hf`, layer by layer, on a small model.
+
+`scripts/gpu_check.py` runs this on a GPU node under torchrun. The two backends share nothing
+but the model's weights: transformers' hooks on one side, SGLang's EAGLE-3 capture on the
+other, so agreement means the sglang backend stores the layers the configuration names.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .hidden import plan_batches
+
+# bf16 kernels differ between libraries; a wrong layer or a shifted token has cosine far below.
+MIN_TOKEN_COSINE = 0.99
+MIN_MEAN_COSINE = 0.999
+
+
+@dataclass
+class LayerAgreement:
+    layer: str
+    tokens: int
+    max_abs: float
+    rel_err: float
+    mean_cosine: float
+    min_cosine: float
+
+    @property
+    def ok(self) -> bool:
+        return self.min_cosine >= MIN_TOKEN_COSINE and self.mean_cosine >= MIN_MEAN_COSINE
+
+
+def compare(layer: str, ours: torch.Tensor, reference: torch.Tensor) -> LayerAgreement:
+    """Agreement of two [tokens, hidden] tensors, in float32."""
+    a, b = ours.float(), reference.float()
+    cosine = torch.nn.functional.cosine_similarity(a, b, dim=-1)
+    return LayerAgreement(
+        layer=layer,
+        tokens=a.shape[0],
+        max_abs=(a - b).abs().max().item(),
+        rel_err=((a - b).norm() / b.norm().clamp_min(1e-12)).item(),
+        mean_cosine=cosine.mean().item(),
+        min_cosine=cosine.min().item(),
+    )
+
+
+def random_batch(vocab_size: int, samples: int, seed: int = 0, lo: int = 8, hi: int = 512) -> list[list[int]]:
+    """Token ID lists of mixed lengths; the states of any IDs exercise the same layers."""
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab_size) for _ in range(rng.randint(lo, hi))] for _ in range(samples)]
+
+
+def capture_all(capture: Callable, batch: Sequence[list[int]], max_batch_tokens: int, packed: bool) -> list:
+    states: list = [None] * len(batch)
+    for group in plan_batches([len(ids) for ids in batch], max_batch_tokens, packed):
+        for i, state in zip(group, capture([batch[i] for i in group]), strict=True):
+            states[i] = state
+    return states
+
+
+def agreement_by_layer(ours: list, reference: list, aux_layers: Sequence[int], final: str) -> list[LayerAgreement]:
+    """Per stored layer, over all tokens of all samples: `ours` and `reference` are capture outputs."""
+    aux = torch.cat([a for a, _ in ours])
+    ref_aux = torch.cat([a for a, _ in reference])
+    width = aux.shape[1] // len(aux_layers)
+    rows = []
+    for k, index in enumerate(aux_layers):
+        columns = slice(k * width, (k + 1) * width)
+        rows.append(compare(f"aux hidden_states[{index}]", aux[:, columns], ref_aux[:, columns]))
+    rows.append(compare(f"final ({final})", torch.cat([f for _, f in ours]), torch.cat([f for _, f in reference])))
+    return rows
+
+
+def format_table(rows: list[LayerAgreement]) -> str:
+    lines = [f"{'layer':<26} {'tokens':>7} {'max_abs':>9} {'rel_err':>9} {'mean_cos':>9} {'min_cos':>9}  verdict"]
+    for r in rows:
+        lines.append(
+            f"{r.layer:<26} {r.tokens:>7} {r.max_abs:>9.4f} {r.rel_err:>9.5f} {r.mean_cosine:>9.6f} "
+            f"{r.min_cosine:>9.6f}  {'ok' if r.ok else 'MISMATCH'}"
+        )
+    return "\n".join(lines)
+
+
+def as_records(rows: list[LayerAgreement]) -> list[dict]:
+    return [{**asdict(r), "ok": r.ok} for r in rows]
+
+
+def write_check_model(out_dir: str | Path, seed: int = 0) -> Path:
+    """A random Qwen3 with Qwen's real tokenizer, shaped for GPU attention kernels (head_dim 64)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from .demo import qwen3_tokenizer
+
+    out_dir = Path(out_dir)
+    tokenizer = qwen3_tokenizer()
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=4096,
+        torch_dtype="bfloat16",
+    )
+    Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def run_gpu_check(
+    model_dir: str | Path | None, work_dir: str | Path, samples: int, max_batch_tokens: int, dtype: str
+) -> tuple[bool, list[dict]]:
+    """On every torchrun rank: capture with SGLang (both finals), then on rank 0 with `hf`
+    on one GPU, and compare. Returns (all layers agree, per-layer records) on rank 0."""
+    import torch.distributed as dist
+
+    from .capture_sglang import SGLangCapture, SGLangModelRunner, TensorParallelRanks
+    from .hidden import HFCapture
+
+    dist.init_process_group(backend="nccl")
+    ranks = TensorParallelRanks()
+    if model_dir is None:
+        # Rank 0 builds the model; every rank loads it from rank 0's path.
+        model_dir = ranks.agree(str(write_check_model(Path(work_dir) / "check-model")) if ranks.writer else None)
+    settings = {"dtype": dtype, "mem_fraction_static": 0.5}
+    runner = SGLangModelRunner(model_dir, settings, trust_remote_code=False, max_batch_tokens=max_batch_tokens)
+    batch = random_batch(runner.hf_config.vocab_size, samples)
+    ours = {
+        final: capture_all(SGLangCapture(runner, "auto", final, ranks), batch, max_batch_tokens, packed=True)
+        for final in ("normed", "raw")
+    }
+    if not ranks.writer:
+        return True, []
+    rows: list[LayerAgreement] = []
+    for final, states in ours.items():
+        reference = HFCapture(model_dir, "auto", final, {"dtype": dtype, "device": "cuda"})
+        expected = capture_all(reference, batch, max_batch_tokens, packed=False)
+        compared = agreement_by_layer(states, expected, reference.aux_layers, final)
+        rows += compared if final == "normed" else compared[-1:]  # auxiliary layers do not depend on `final`
+    print(format_table(rows), flush=True)
+    return all(r.ok for r in rows), as_records(rows)
