@@ -44,8 +44,8 @@ def copy_workflow(dest: Path) -> Path:
     return dest
 
 
-def run(cmd: list[str] | str, cwd: Path, check=True, **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+def run(cmd: list[str] | str, cwd: Path, check=True, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env or {}), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, shell=isinstance(cmd, str), **kwargs)
     if check and proc.returncode != 0:

@@ -1,9 +1,11 @@
 """The workflow end to end: the README's demo command, its outputs, reruns, profiles, config."""
 
+import base64
 import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -144,7 +146,7 @@ def test_probe_finds_the_demo_shards_aligned(demo_dir):
         # the demo model ties its LM head to the embedding: those two tensors, nothing else
         assert shard["tensors_loaded"] == ["model.embed_tokens.weight", "model.norm.weight"]
     html = (demo_dir / "results/report/summary.html").read_text()
-    assert "<svg" in html and "agreement-plot" in html and "top-1 agreement, last turns" in html
+    assert "alt='probe agreement by position'" in html and "top-1 agreement, last turns" in html
 
 
 def test_demo_writes_the_draft_vocabulary_and_both_exports(demo_dir):
@@ -162,11 +164,41 @@ def test_demo_writes_the_draft_vocabulary_and_both_exports(demo_dir):
             assert summary["samples"] == hidden
 
 
-def test_snakemake_report_builds_from_the_demo_run(demo_dir, tmp_path):
+def embedded_pngs(html: str) -> dict[str, bytes]:
+    """The report's images by alt text, decoded."""
+    found = re.findall(r"<img class='plot' alt='([^']+)' src='data:image/png;base64,([^']+)'/>", html)
+    return {alt: base64.b64decode(data) for alt, data in found}
+
+
+def test_snakemake_report_builds_from_the_demo_run_with_its_plots(demo_dir, tmp_path):
     report = tmp_path / "report.html"
     snakemake(["--profile", "profiles/local", "--report", str(report)], demo_dir)
-    html = report.read_text(errors="replace")
-    assert report.stat().st_size > 10_000 and "summary.html" in html
+    summary = (demo_dir / "results/report/summary.html").read_text()
+    # Snakemake's report embeds the summary page whole (base64 in its data).
+    assert base64.b64encode(summary.encode()).decode()[:2000] in report.read_text(errors="replace")
+    images = embedded_pngs(summary)
+    assert set(images) == {
+        "length histograms",
+        "outcomes",
+        "cost, throughput and bytes",
+        "probe agreement by position",
+    }
+    for png in images.values():
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = struct.unpack(">II", png[16:24])
+        assert width > 600 and height > 250
+    for partition in PARTITIONS:
+        summary = json.loads((demo_dir / f"results/report/{partition}.json").read_text())
+        responses, tokens = summary["responses"], summary["tokens"]
+        # Histograms count every regenerated turn and every sample exactly once.
+        for name in ("prompt_tokens", "completion_tokens", "reasoning_chars"):
+            assert sum(responses["lengths"][name].values()) == sum(responses["finish_reasons"].values())
+        assert sum(tokens["lengths"]["sample_tokens"].values()) == tokens["samples_out"]
+        bins = {int(k): v for k, v in tokens["lengths"]["sample_tokens"].items()}
+        assert all(edge & (edge - 1) == 0 for edge in bins)  # powers of two (and 0)
+        assert responses["throughput"]["completion_tokens"] == responses["usage"]["completion_tokens"]
+        assert responses["throughput"]["completion_tokens_per_s"] > 0
+        assert summary["hidden_states"]["throughput"]["tokens"] == summary["hidden_states"]["tokens"]
 
 
 def test_reruns_schedule_only_what_a_change_invalidated(demo_dir, tmp_path):
@@ -223,6 +255,43 @@ def test_production_configs_dry_run_under_profiles(production_dir, profile, conf
         assert sum(r == "responses" for r, _ in jobs) == 32
         assert re.search(r"\bgpu=0\b", blocks["responses"]) and "slurm_partition=cpu" in blocks["responses"]
     assert "slurm_partition=gpu" in blocks["hidden_states"]
+
+
+# Runs Snakemake in a process whose boto3 talks to moto's in-process S3 (no network).
+S3_DRIVER = """
+import sys
+import boto3
+from moto import mock_aws
+from snakemake.cli import main
+
+with mock_aws():
+    bucket = boto3.resource("s3", region_name="us-east-1").create_bucket(Bucket="eagle3-data")
+    for key in sys.argv[2:]:
+        bucket.put_object(Key=key, Body=b"")
+    sys.argv = ["snakemake", *sys.argv[1].split()]
+    main()
+"""
+
+
+def test_results_on_s3_through_the_storage_plugin_dry_run(production_dir):
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    prefix = "s3://eagle3-data/kimi-run"
+    args = (
+        "-n -p --profile profiles/slurm --configfile config/kimi-k2.5-openrouter.yaml "
+        f"--default-storage-provider s3 --default-storage-prefix {prefix}"
+    )
+    raw = ["kimi-run/data/raw/glaive-function-calling-v2.json", "kimi-run/data/raw/magicoder-evol-instruct.jsonl"]
+    proc = run([sys.executable, "-c", S3_DRIVER, args, *raw], production_dir, env=env)
+    out = proc.stdout
+    jobs = scheduled(out)
+    assert sum(r == "hidden_states" for r, _ in jobs) == 32 and sum(r.startswith("prompts_") for r, _ in jobs) == 2
+    # Inputs come from the bucket, outputs go to it; jobs read and write a local staging copy.
+    assert f"input: {prefix}/data/raw/glaive-function-calling-v2.json (retrieve from storage)" in out
+    for output in ("prompts/00000.jsonl.zst", "responses/00000.jsonl.zst", "tokens/00000.jsonl.zst", "hidden/00000"):
+        assert f"{prefix}/results/B1_glaive/{output} (send to storage)" in out
+    staged = ".snakemake/storage/s3/eagle3-data/kimi-run"
+    assert f"--source {staged}/data/raw/glaive-function-calling-v2.json" in out
+    assert f"--out {staged}/results/B1_glaive/hidden/00000" in out
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "config/kimi-k2.5-sglang.yaml", "config/kimi-k2.5-openrouter.yaml"])

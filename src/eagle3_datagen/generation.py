@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -21,7 +22,7 @@ from .backends.http import RequestFailed, RetryableError, StopRun
 from .io import read_jsonl, write_json, write_jsonl_zst
 from .journal import Journal, journal_path
 from .progress import Progress
-from .responses import Turn, interleave, response_stats, through_last_reply
+from .responses import Turn, interleave, response_stats, through_last_reply, throughput
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,7 @@ def run_journaled_responses(
     prompts = read_jsonl(prompts_path)
     fingerprint = json.dumps(backend.fingerprint(), sort_keys=True)
     journal = Journal(journal_path(out_path), fingerprint)
+    resumed, started = set(journal.rows), time.monotonic()
     try:
         stopped = asyncio.run(regenerate_journaled(prompts, backend, journal, budgets, progress_interval))
     finally:
@@ -168,6 +170,7 @@ def run_journaled_responses(
     rows = [journal.rows[p["id"]] for p in prompts]
     write_jsonl_zst(out_path, rows)
     stats = {"backend": backend.name, "model": backend.model, **response_stats(rows)}
+    stats["throughput"] = throughput([r for r in rows if r["id"] not in resumed], time.monotonic() - started)
     stats["failed"] = {r["id"]: r["error"] for r in rows if r["status"] == "failed"}
     write_json(stats_path, stats)
     journal.remove()

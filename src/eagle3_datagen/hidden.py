@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import struct
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,6 +260,7 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture, settings: d
     kept = ranks.agree([done is not None and done["part_key"] == key for done, key in zip(earlier, keys, strict=True)])
     nonfinite: list[str] = []
     index_parts = []
+    started, computed_tokens = time.monotonic(), 0
     progress = Progress(len(samples), "samples", log)
     for number, part in enumerate(parts):
         part_samples = [samples[i] for i in part]
@@ -283,6 +285,7 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture, settings: d
                 nonfinite += bad
                 metadata = {"part_key": keys[number], "nonfinite": bad}
                 write_part(paths[number], part_samples, states, dtype, metadata, zstd_level)
+                computed_tokens += sum(part_lengths)
                 log.info("part %d: %d samples, %d tokens written", number, len(part), sum(part_lengths))
         progress.advance(len(part), tokens=sum(part_lengths))
         if ranks.writer:
@@ -319,6 +322,8 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture, settings: d
         "raw_bytes": sum(p["raw_bytes"] for p in index_parts),
         "compress": {"codec": "zstd", "level": zstd_level} if zstd_level is not None else None,
         "nonfinite_ids": nonfinite,
+        # This job's forward passes and writes (parts kept from an earlier job excluded).
+        "throughput": {"seconds": round(time.monotonic() - started, 3), "tokens": computed_tokens},
         "parts": index_parts,
     }
     write_json(work / "index.json", index)

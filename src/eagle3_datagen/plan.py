@@ -147,7 +147,7 @@ def _fmt(value, unit: str = "") -> str:
     if unit == "$":
         return f"${value:,.2f}"
     if isinstance(value, float):
-        return f"{value:,.1f}"
+        return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
     return f"{value:,}"
 
 

@@ -6,6 +6,8 @@ import html
 from collections import Counter
 from pathlib import Path
 
+from . import report_plots
+from .histograms import merge
 from .io import read_json, write_json
 
 
@@ -44,6 +46,18 @@ def probe_summary(probes: list[dict]) -> dict:
     }
 
 
+def _lengths(reports: list[dict]) -> dict:
+    names = sorted({name for r in reports for name in r.get("lengths", {})})
+    return {name: merge(r.get("lengths", {}).get(name, {}) for r in reports) for name in names}
+
+
+def _rate(throughputs: list[dict], amount: str) -> dict:
+    """Summed over jobs: `amount` per second of job time (jobs running side by side count separately)."""
+    seconds = sum(t.get("seconds", 0) for t in throughputs)
+    done = sum(t.get(amount, 0) for t in throughputs)
+    return {"seconds": round(seconds, 3), amount: done, f"{amount}_per_s": done / seconds if seconds else 0.0}
+
+
 def partition_summary(
     name: str,
     prompt_stats: str,
@@ -66,6 +80,8 @@ def partition_summary(
             "status": _merge([r["status"] for r in responses]),
             "finish_reasons": _merge([r["finish_reasons"] for r in responses]),
             "usage": _merge([r["usage"] for r in responses]),
+            "throughput": _rate([r.get("throughput", {}) for r in responses], "completion_tokens"),
+            "lengths": _lengths(responses),
         },
         "tokens": {
             **_merge([a["counts"] for a in audit_reports]),
@@ -75,12 +91,15 @@ def partition_summary(
                 "bpe_only_rate": audit.get("bpe_only", 0) / compared if compared else 0.0,
             },
             "special_tokens": audit_reports[0]["special_tokens"] if audit_reports else {},
+            "lengths": _lengths(audit_reports),
         },
         "hidden_states": {
             "samples": sum(i["samples"] for i in indexes),
             "tokens": sum(i["tokens"] for i in indexes),
             "loss_tokens": sum(i["loss_tokens"] for i in indexes),
             "bytes": sum(i["bytes"] for i in indexes),
+            "raw_bytes": sum(i.get("raw_bytes", i["bytes"]) for i in indexes),
+            "throughput": _rate([i.get("throughput", {}) for i in indexes], "tokens"),
             "parts": sum(len(i["parts"]) for i in indexes),
             "aux_layers": indexes[0]["aux_layers"] if indexes else None,
             "final": indexes[0]["final"] if indexes else None,
@@ -99,56 +118,32 @@ def _flat(prefix: str, value) -> list[tuple[str, str]]:
 
 
 def summary_html(summaries: list[dict]) -> str:
+    """One self-contained page: the numbers as a table, the distributions as matplotlib images."""
     keys = [k for k, _ in _flat("", {k: v for k, v in summaries[0].items() if k != "partition"})]
-    hidden = ("tokens.special_tokens", "tokens.audit.examples", "probe.by_position")
-    keys = [k for k in keys if not k.startswith(hidden)]
+    plotted = (
+        "tokens.special_tokens",
+        "tokens.audit.examples",
+        "probe.by_position",
+        "responses.lengths",
+        "tokens.lengths",
+    )
+    keys = [k for k in keys if not k.startswith(plotted)]
     head = "".join(f"<th>{html.escape(s['partition'])}</th>" for s in summaries)
     values = [dict(_flat("", s)) for s in summaries]
     rows = "".join(
         f"<tr><td>{html.escape(k)}</td>" + "".join(f"<td>{html.escape(v.get(k, ''))}</td>" for v in values) + "</tr>"
         for k in keys
     )
+    figures = "".join(
+        f"<h2>{html.escape(title)}</h2>{image}" for title, image in report_plots.figures(summaries) if image
+    )
     return (
         "<html><head><meta charset='utf-8'><title>eagle3-datagen summary</title></head><body>"
         "<h1>eagle3-datagen: per-partition summary</h1>"
-        f"<table border='1' cellpadding='3'><tr><th>metric</th>{head}</tr>{rows}</table>"
-        f"{probe_section(summaries)}</body></html>\n"
+        f"{figures}{probe_section(summaries)}"
+        f"<h2>All numbers</h2><table border='1' cellpadding='3'><tr><th>metric</th>{head}</tr>{rows}</table>"
+        "</body></html>\n"
     )
-
-
-PLOT_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
-
-
-def agreement_plot(summaries: list[dict], width: int = 640, height: int = 240) -> str:
-    """Inline SVG: top-1 agreement by position in the response, one line per partition."""
-    series = [(s["partition"], s["probe"]["by_position"]) for s in summaries if s.get("probe")]
-    if not series:
-        return ""
-    count = max(len(rows) for _, rows in series)
-    pad = 40
-
-    def x(i: int) -> float:
-        return pad + i * (width - 2 * pad) / max(count - 1, 1)
-
-    def y(v: float) -> float:
-        return height - pad - v * (height - 2 * pad)
-
-    parts = [
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' class='agreement-plot'>",
-        f"<line x1='{pad}' y1='{y(0)}' x2='{width - pad}' y2='{y(0)}' stroke='black'/>",
-        f"<line x1='{pad}' y1='{y(0)}' x2='{pad}' y2='{y(1)}' stroke='black'/>",
-        f"<text x='{pad - 30}' y='{y(1) + 4}' font-size='11'>1.0</text>",
-        f"<text x='{pad - 30}' y='{y(0) + 4}' font-size='11'>0.0</text>",
-        f"<text x='{width / 2 - 90}' y='{height - 8}' font-size='11'>position in the response</text>",
-    ]
-    for n, (name, rows) in enumerate(series):
-        colour = PLOT_COLOURS[n % len(PLOT_COLOURS)]
-        points = " ".join(f"{x(i):.1f},{y(r['top1_agreement']):.1f}" for i, r in enumerate(rows) if r.get("positions"))
-        parts.append(f"<polyline fill='none' stroke='{colour}' stroke-width='1.5' points='{points}'/>")
-        parts.append(f"<text x='{width - pad + 4}' y='{pad + 14 * n}' font-size='11' fill='{colour}'>")
-        parts.append(f"{html.escape(name)}</text>")
-    parts.append("</svg>")
-    return "".join(parts)
 
 
 def probe_section(summaries: list[dict]) -> str:
@@ -172,7 +167,7 @@ def probe_section(summaries: list[dict]) -> str:
         "<table border='1' cellpadding='3'><tr><th>partition</th><th>backend</th><th>greedy, exact IDs</th>"
         "<th>top-1 agreement, last turns</th><th>first positions</th><th>earlier turns</th>"
         "<th>mean log-prob</th><th>outside top-5</th><th>verdicts</th></tr>"
-        f"{rows}</table><h3>Top-1 agreement by position in the response</h3>{agreement_plot(probed)}"
+        f"{rows}</table>{report_plots.agreement_by_position(probed)}"
     )
 
 

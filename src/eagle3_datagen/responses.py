@@ -9,12 +9,14 @@ turn.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from .histograms import histogram
 from .io import read_jsonl, write_json, write_jsonl_zst
 
 log = logging.getLogger(__name__)
@@ -116,25 +118,40 @@ def regenerate(prompts: list[dict], backend: Backend) -> list[dict]:
 
 
 def response_stats(rows: list[dict]) -> dict:
-    finish = Counter(m["finish_reason"] for r in rows for m in r["messages"] if m["role"] == "assistant")
+    turns = [m for r in rows for m in r["messages"] if m["role"] == "assistant"]
+    finish = Counter(m["finish_reason"] for m in turns)
     usage = Counter()
-    for row in rows:
-        for message in row["messages"]:
-            if message["role"] == "assistant":
-                usage.update({k: v for k, v in message["usage"].items() if isinstance(v, int | float)})
+    for message in turns:
+        usage.update({k: v for k, v in message["usage"].items() if isinstance(v, int | float)})
     return {
         "prompts": len(rows),
         "status": dict(Counter(r["status"] for r in rows)),
         "finish_reasons": dict(finish),
-        "assistant_turns": sum(finish.values()),
+        "assistant_turns": len(turns),
         "usage": dict(usage),
+        # Per regenerated turn; reasoning in characters, since text-only backends return no token count for it.
+        "lengths": {
+            "prompt_tokens": histogram(m["usage"].get("prompt_tokens", 0) for m in turns),
+            "completion_tokens": histogram(m["usage"].get("completion_tokens", 0) for m in turns),
+            "reasoning_chars": histogram(len(m.get("reasoning") or "") for m in turns),
+        },
     }
+
+
+def throughput(rows: list[dict], seconds: float) -> dict:
+    """What one job generated and how long it took (rows journalled by an earlier job excluded)."""
+    tokens = sum(
+        m["usage"].get("completion_tokens", 0) for r in rows for m in r["messages"] if m["role"] == "assistant"
+    )
+    return {"seconds": round(seconds, 3), "prompts": len(rows), "completion_tokens": tokens}
 
 
 def run_responses(prompts_path: str | Path, out_path: str | Path, stats_path: str | Path, backend: Backend) -> dict:
     prompts = read_jsonl(prompts_path)
+    started = time.monotonic()
     rows = regenerate(prompts, backend)
     write_jsonl_zst(out_path, rows)
     stats = {"backend": backend.name, "model": backend.model, **response_stats(rows)}
+    stats["throughput"] = throughput(rows, time.monotonic() - started)
     write_json(stats_path, stats)
     return stats

@@ -27,6 +27,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from .chat import SpecialTokens, load_tokenizer, render_text, resolve_special_tokens
+from .histograms import histogram
 from .io import read_jsonl, write_json, write_jsonl_zst
 from .progress import Progress
 
@@ -494,6 +495,10 @@ def run_tokens(
             f"tokens.max_semantic_mismatch_rate={settings.max_semantic_mismatch_rate}. The chat template or "
             "the response parsing does not match what the model generated; see the examples in the log"
         )
+    report["lengths"] = {
+        "sample_tokens": histogram(len(s["input_ids"]) for s in samples),
+        "loss_tokens": histogram(sum(s["loss_mask"]) for s in samples),
+    }
     write_jsonl_zst(out_path, samples)
     write_json(audit_path, report)
     return report
