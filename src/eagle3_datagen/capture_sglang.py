@@ -135,8 +135,7 @@ class SGLangModelRunner:
         from sglang.srt.server_args import ServerArgs
 
         rank, world_size = dist.get_rank(), dist.get_world_size()
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
-        torch.cuda.set_device(local_rank)
+        local_rank = torch.cuda.current_device()  # set by join_torchrun
         self.server_args = ServerArgs(
             model_path=str(model_path),
             trust_remote_code=trust_remote_code,
@@ -218,18 +217,24 @@ class SGLangModelRunner:
             runner.token_to_kv_pool_allocator.clear()
 
 
+def join_torchrun() -> None:
+    """Join the process group torchrun set up: one rank per GPU, NCCL, rank 0 alone logging progress."""
+    if "RANK" not in os.environ:
+        raise RuntimeError(
+            "hidden_states.backend: sglang runs one process per GPU: start it with "
+            "`torchrun --nproc-per-node <GPUs> scripts/hidden_states.py ...` (the workflow's rule does)"
+        )
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl")
+    if dist.get_rank() != 0:
+        logging.getLogger("eagle3_datagen").setLevel(logging.WARNING)
+
+
 def load_sglang_capture(
     model_path: str | Path, aux_spec, final: str, settings: dict, trust_remote_code: bool, max_batch_tokens: int
 ) -> SGLangCapture:
     """Join the torchrun process group and load this rank's slice of the model."""
-    if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            raise RuntimeError(
-                "hidden_states.backend: sglang runs one process per GPU: start it with "
-                "`torchrun --nproc-per-node <GPUs> scripts/hidden_states.py ...` (the workflow's rule does)"
-            )
-        dist.init_process_group(backend="nccl")
-    if dist.get_rank() != 0:
-        logging.getLogger("eagle3_datagen").setLevel(logging.WARNING)  # one progress log, not one per GPU
+    join_torchrun()
     runner = SGLangModelRunner(model_path, settings, trust_remote_code, max_batch_tokens)
     return SGLangCapture(runner, aux_spec, final)

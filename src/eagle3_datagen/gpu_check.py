@@ -120,12 +120,10 @@ def run_gpu_check(
 ) -> tuple[bool, list[dict]]:
     """On every torchrun rank: capture with SGLang (both finals), then on rank 0 with `hf`
     on one GPU, and compare. Returns (all layers agree, per-layer records) on rank 0."""
-    import torch.distributed as dist
-
-    from .capture_sglang import SGLangCapture, SGLangModelRunner, TensorParallelRanks
+    from .capture_sglang import SGLangCapture, SGLangModelRunner, TensorParallelRanks, join_torchrun
     from .hidden import HFCapture
 
-    dist.init_process_group(backend="nccl")
+    join_torchrun()
     ranks = TensorParallelRanks()
     if model_dir is None:
         # Rank 0 builds the model; every rank loads it from rank 0's path.
