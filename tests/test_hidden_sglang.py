@@ -13,8 +13,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from eagle3_datagen.capture_sglang import SGLangCapture, load_sglang_capture
-from eagle3_datagen.gpu_check import agreement_by_layer, capture_all, format_table, random_batch
-from eagle3_datagen.hidden import HFCapture, HiddenShard, SingleProcess, capture_shard, plan_batches
+from eagle3_datagen.gpu_check import agreement_by_layer, format_table, random_batch
+from eagle3_datagen.hidden import (
+    HFCapture,
+    HiddenShard,
+    SingleProcess,
+    capture_in_batches,
+    capture_shard,
+    plan_batches,
+)
 
 from .sglang_standin import StandInRunner
 from .test_hidden import make_samples
@@ -135,8 +142,8 @@ def test_tensor_parallel_ranks_resume_in_lockstep(tmp_path, tiny_model_dir):
 def test_gpu_check_passes_equal_backends_and_names_a_wrong_layer(tiny_model_dir):
     batch = random_batch(512, samples=6, lo=3, hi=40)
     reference = HFCapture(tiny_model_dir, "auto", "normed", {"dtype": "float32"})
-    expected = capture_all(reference, batch, 64, packed=False)
-    ours = capture_all(standin_capture(tiny_model_dir), batch, 64, packed=True)
+    expected = capture_in_batches(reference, batch, 64)
+    ours = capture_in_batches(standin_capture(tiny_model_dir), batch, 64)
     rows = agreement_by_layer(ours, expected, [2, 4, 5], "normed")
     assert [r.layer for r in rows] == [
         "aux hidden_states[2]",
@@ -150,6 +157,17 @@ def test_gpu_check_passes_equal_backends_and_names_a_wrong_layer(tiny_model_dir)
     # An off-by-one the numbering check would not see: layer 4's states stored as layer 5's.
     wrong = standin_capture(tiny_model_dir)
     wrong.runner.model.model.layers_to_capture = [2, 4, 4]
-    rows = agreement_by_layer(capture_all(wrong, batch, 64, packed=True), expected, [2, 4, 5], "normed")
+    rows = agreement_by_layer(capture_in_batches(wrong, batch, 64), expected, [2, 4, 5], "normed")
     assert [r.ok for r in rows] == [True, True, False, True]
     assert "MISMATCH" in format_table(rows).splitlines()[3]
+
+
+def test_a_rank_that_does_not_write_runs_the_same_forward_passes(tiny_model_dir):
+    class Follower:
+        writer = False
+
+    runner = StandInRunner(tiny_model_dir)
+    follower = SGLangCapture(runner, "auto", "normed", ranks=Follower())
+    batch = random_batch(512, samples=5, lo=3, hi=40)
+    assert capture_in_batches(follower, batch, 64) == [None] * 5
+    assert runner.extends == len(plan_batches([len(ids) for ids in batch], 64, packed=True))

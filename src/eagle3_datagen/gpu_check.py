@@ -8,13 +8,13 @@ other, so agreement means the sglang backend stores the layers the configuration
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from .hidden import plan_batches
+from .hidden import capture_in_batches
 
 # bf16 kernels differ between libraries; a wrong layer or a shifted token has cosine far below.
 MIN_TOKEN_COSINE = 0.99
@@ -53,14 +53,6 @@ def random_batch(vocab_size: int, samples: int, seed: int = 0, lo: int = 8, hi: 
     """Token ID lists of mixed lengths; the states of any IDs exercise the same layers."""
     rng = random.Random(seed)
     return [[rng.randrange(vocab_size) for _ in range(rng.randint(lo, hi))] for _ in range(samples)]
-
-
-def capture_all(capture: Callable, batch: Sequence[list[int]], max_batch_tokens: int, packed: bool) -> list:
-    states: list = [None] * len(batch)
-    for group in plan_batches([len(ids) for ids in batch], max_batch_tokens, packed):
-        for i, state in zip(group, capture([batch[i] for i in group]), strict=True):
-            states[i] = state
-    return states
 
 
 def agreement_by_layer(ours: list, reference: list, aux_layers: Sequence[int], final: str) -> list[LayerAgreement]:
@@ -132,7 +124,7 @@ def run_gpu_check(
     runner = SGLangModelRunner(model_dir, settings, trust_remote_code=False, max_batch_tokens=max_batch_tokens)
     batch = random_batch(runner.hf_config.vocab_size, samples)
     ours = {
-        final: capture_all(SGLangCapture(runner, "auto", final, ranks), batch, max_batch_tokens, packed=True)
+        final: capture_in_batches(SGLangCapture(runner, "auto", final, ranks), batch, max_batch_tokens)
         for final in ("normed", "raw")
     }
     if not ranks.writer:
@@ -140,7 +132,7 @@ def run_gpu_check(
     rows: list[LayerAgreement] = []
     for final, states in ours.items():
         reference = HFCapture(model_dir, "auto", final, {"dtype": dtype, "device": "cuda"})
-        expected = capture_all(reference, batch, max_batch_tokens, packed=False)
+        expected = capture_in_batches(reference, batch, max_batch_tokens)
         compared = agreement_by_layer(states, expected, reference.aux_layers, final)
         rows += compared if final == "normed" else compared[-1:]  # auxiliary layers do not depend on `final`
     print(format_table(rows), flush=True)

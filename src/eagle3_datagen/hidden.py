@@ -161,6 +161,18 @@ class HFCapture:
         return [(aux[row, : len(ids)].cpu(), final[row, : len(ids)].cpu()) for row, ids in enumerate(batch)]
 
 
+def capture_in_batches(capture, sequences: Sequence[list[int]], max_batch_tokens: int) -> list:
+    """`capture`'s states for every token ID list, in order, over budgeted batches; on a
+    tensor-parallel rank that does not write, only the forward passes run (and None is returned)."""
+    states: list = [None] * len(sequences)
+    for batch in plan_batches([len(ids) for ids in sequences], max_batch_tokens, capture.packed):
+        batch_states = capture([sequences[i] for i in batch])
+        if capture.ranks.writer:
+            for i, state in zip(batch, batch_states, strict=True):
+                states[i] = state
+    return states
+
+
 def _part_name(number: int, compressed: bool) -> str:
     return f"part-{number:05d}.safetensors" + (".zst" if compressed else "")
 
@@ -264,18 +276,13 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture, settings: d
     progress = Progress(len(samples), "samples", log)
     for number, part in enumerate(parts):
         part_samples = [samples[i] for i in part]
-        part_lengths = [lengths[i] for i in part]
+        part_tokens = sum(lengths[i] for i in part)
         if kept[number]:
             log.info("part %d: complete from an earlier run, kept", number)
             if ranks.writer:
                 nonfinite += earlier[number]["nonfinite"]
         else:
-            states: list = [None] * len(part_samples)
-            for batch in plan_batches(part_lengths, settings["max_batch_tokens"], capture.packed):
-                batch_states = capture([part_samples[i]["input_ids"] for i in batch])
-                if ranks.writer:
-                    for i, state in zip(batch, batch_states, strict=True):
-                        states[i] = state
+            states = capture_in_batches(capture, [s["input_ids"] for s in part_samples], settings["max_batch_tokens"])
             if ranks.writer:
                 bad = [
                     sid
@@ -285,15 +292,15 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture, settings: d
                 nonfinite += bad
                 metadata = {"part_key": keys[number], "nonfinite": bad}
                 write_part(paths[number], part_samples, states, dtype, metadata, zstd_level)
-                computed_tokens += sum(part_lengths)
-                log.info("part %d: %d samples, %d tokens written", number, len(part), sum(part_lengths))
-        progress.advance(len(part), tokens=sum(part_lengths))
+                computed_tokens += part_tokens
+                log.info("part %d: %d samples, %d tokens written", number, len(part), part_tokens)
+        progress.advance(len(part), tokens=part_tokens)
         if ranks.writer:
             index_parts.append(
                 {
                     "file": paths[number].name,
                     "samples": len(part),
-                    "tokens": sum(part_lengths),
+                    "tokens": part_tokens,
                     "bytes": paths[number].stat().st_size,
                     "raw_bytes": _raw_size(paths[number]),
                     "ids": ids[number],
