@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from eagle3_datagen.kimi_style import write_kimi_style_tokenizer
+from eagle3_datagen.plan import format_plan
 from eagle3_datagen.prompts import PARSERS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,17 +61,15 @@ def write_sources(conversations: list[list[dict]], data: Path) -> None:
             f.write(json.dumps({"instruction": users[0], "response": ""}) + "\n")
 
 
-def plan_for(config_name: str, work: Path) -> tuple[str, dict]:
+def plan_for(config_name: str, work: Path) -> dict:
     config = yaml.safe_load((REPO / "config" / f"{config_name}.yaml").read_text())
     config["model"]["path"] = str(work / "models/Kimi-K2.5")
     for source in config["partitions"].values():
         source["source"] = str(work / "data/raw" / Path(source["source"]).name)
     derived = work / f"{config_name}.yaml"
     derived.write_text(yaml.safe_dump(config, sort_keys=False))
-    command = [sys.executable, "scripts/plan.py", "--configfile", str(derived), "--profile", "profiles/gpu"]
-    table = subprocess.run(command, cwd=work, capture_output=True, text=True, check=True).stdout
-    as_json = subprocess.run([*command, "--json"], cwd=work, capture_output=True, text=True, check=True).stdout
-    return table, json.loads(as_json)
+    command = [sys.executable, "scripts/plan.py", "--configfile", str(derived), "--profile", "profiles/gpu", "--json"]
+    return json.loads(subprocess.run(command, cwd=work, capture_output=True, text=True, check=True).stdout)
 
 
 def per_thousand(plan: dict) -> str:
@@ -95,8 +94,8 @@ def main() -> None:
         write_kimi_style_tokenizer(work / "models/Kimi-K2.5")
         write_sources(demo_conversations(), work / "data/raw")
         for name in CONFIGS:
-            table, plan = plan_for(name, work)
-            print(f"### config/{name}.yaml\n\n{table}\n{per_thousand(plan)}\n")
+            plan = plan_for(name, work)
+            print(f"### config/{name}.yaml\n\n{format_plan(plan)}\n\n{per_thousand(plan)}\n")
             shutil.rmtree(work / "results")
             shutil.rmtree(work / ".snakemake", ignore_errors=True)
 

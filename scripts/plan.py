@@ -9,22 +9,12 @@ Run from the workflow directory, with the same --configfile and --profile as the
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
+from eagle3_datagen.cli import run_snakemake
 from eagle3_datagen.plan import format_plan, make_plan, scheduled_partitions
-
-
-def snakemake(args: list[str]) -> str:
-    # The snakemake of this interpreter's environment, whether or not it is on PATH.
-    executable = Path(sys.executable).parent / "snakemake"
-    proc = subprocess.run([str(executable), *args], capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc.stdout
 
 
 def main() -> None:
@@ -36,8 +26,8 @@ def main() -> None:
     common = ["--profile", args.profile] + (["--configfile", args.configfile] if args.configfile else [])
     config = yaml.safe_load(Path(args.configfile or "config.yaml").read_text())
     prompt_rules = [f"prompts_{name}" for name in config["partitions"]]
-    snakemake([*common, "--until", *prompt_rules, "--cores", "2", "--quiet", "all"])
-    dry_run = snakemake([*common, "-n"])
+    run_snakemake([*common, "--until", *prompt_rules, "--cores", "2", "--quiet", "all"])
+    dry_run = run_snakemake([*common, "-n"])
     plan = make_plan(config, sorted(scheduled_partitions(dry_run)))
     print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
 

@@ -6,12 +6,11 @@ Run from the workflow directory with the run's --configfile and --profile.
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
+from eagle3_datagen.cli import run_snakemake
 from eagle3_datagen.status import format_states, incomplete_outputs, is_locked, parse_summary, partition_states
 
 
@@ -21,16 +20,14 @@ def main() -> None:
     p.add_argument("--profile", default="profiles/local")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    command = [str(Path(sys.executable).parent / "snakemake"), "--summary", "--profile", args.profile, "--nolock"]
+    command = ["--summary", "--profile", args.profile, "--nolock"]
     if args.configfile:
         command += ["--configfile", args.configfile]
-    proc = subprocess.run(command, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"snakemake --summary failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    summary = run_snakemake(command)
     config = yaml.safe_load(Path(args.configfile or "config.yaml").read_text())
     locked = is_locked(".")
     states = partition_states(
-        parse_summary(proc.stdout), sorted(config["partitions"]), ".", incomplete_outputs("."), locked
+        parse_summary(summary), sorted(config["partitions"]), ".", incomplete_outputs("."), locked
     )
     print(json.dumps(states, indent=2) if args.json else format_states(states))
 

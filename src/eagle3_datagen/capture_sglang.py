@@ -27,16 +27,12 @@ import torch.distributed as dist
 
 from .hidden import resolve_aux_layers
 
-log = logging.getLogger(__name__)
-
 
 class TensorParallelRanks:
     """Lockstep helpers over the ranks torchrun started; rank 0 is the writer."""
 
     def __init__(self):
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
-        self.writer = self.rank == 0
+        self.writer = dist.get_rank() == 0
         # Python objects travel over a CPU group: NCCL would need them staged on a GPU.
         self._group = dist.new_group(backend="gloo")
 
@@ -104,13 +100,12 @@ class SGLangCapture:
             )
         aux = torch.cat(list(aux), dim=-1)
         final = self._captured["raw" if self.final == "raw" else "normed"]
-        total = sum(len(ids) for ids in batch)
-        if aux.shape[0] != total or final.shape[0] != total:
+        lengths = [len(ids) for ids in batch]
+        if aux.shape[0] != sum(lengths) or final.shape[0] != sum(lengths):
             raise RuntimeError(
-                f"SGLang returned states for {aux.shape[0]} tokens, the batch has {total}: "
+                f"SGLang returned states for {aux.shape[0]} tokens, the batch has {sum(lengths)}: "
                 "prefix caching or chunked prefill must be off"
             )
-        lengths = [len(ids) for ids in batch]
         return list(zip(aux.cpu().split(lengths), final.cpu().split(lengths), strict=True))
 
 

@@ -6,7 +6,9 @@ import argparse
 import json
 import logging
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -28,3 +30,11 @@ def setup(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(max(1, args.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if args.threads > 1 else "false")
+
+
+def run_snakemake(args: list[str]) -> str:
+    """stdout of this environment's snakemake (whether or not it is on PATH); exits with its output on failure."""
+    proc = subprocess.run([str(Path(sys.executable).parent / "snakemake"), *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc.stdout

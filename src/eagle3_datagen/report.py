@@ -120,23 +120,17 @@ def _flat(prefix: str, value) -> list[tuple[str, str]]:
 def summary_html(summaries: list[dict]) -> str:
     """One self-contained page: the numbers as a table, the distributions as matplotlib images."""
     keys = [k for k, _ in _flat("", {k: v for k, v in summaries[0].items() if k != "partition"})]
-    plotted = (
-        "tokens.special_tokens",
-        "tokens.audit.examples",
-        "probe.by_position",
-        "responses.lengths",
-        "tokens.lengths",
-    )
-    keys = [k for k in keys if not k.startswith(plotted)]
+    # Distributions are plotted; special tokens and audit examples stay in the partition JSON.
+    plotted = ("responses.lengths", "tokens.lengths", "probe.by_position")
+    untabled = (*plotted, "tokens.special_tokens", "tokens.audit.examples")
+    keys = [k for k in keys if not k.startswith(untabled)]
     head = "".join(f"<th>{html.escape(s['partition'])}</th>" for s in summaries)
     values = [dict(_flat("", s)) for s in summaries]
     rows = "".join(
         f"<tr><td>{html.escape(k)}</td>" + "".join(f"<td>{html.escape(v.get(k, ''))}</td>" for v in values) + "</tr>"
         for k in keys
     )
-    figures = "".join(
-        f"<h2>{html.escape(title)}</h2>{image}" for title, image in report_plots.figures(summaries) if image
-    )
+    figures = "".join(f"<h2>{html.escape(title)}</h2>{image}" for title, image in report_plots.figures(summaries))
     return (
         "<html><head><meta charset='utf-8'><title>eagle3-datagen summary</title></head><body>"
         "<h1>eagle3-datagen: per-partition summary</h1>"

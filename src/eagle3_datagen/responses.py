@@ -117,8 +117,12 @@ def regenerate(prompts: list[dict], backend: Backend) -> list[dict]:
     ]
 
 
+def regenerated_turns(rows: list[dict]) -> list[dict]:
+    return [m for r in rows for m in r["messages"] if m["role"] == "assistant"]
+
+
 def response_stats(rows: list[dict]) -> dict:
-    turns = [m for r in rows for m in r["messages"] if m["role"] == "assistant"]
+    turns = regenerated_turns(rows)
     finish = Counter(m["finish_reason"] for m in turns)
     usage = Counter()
     for message in turns:
@@ -140,9 +144,7 @@ def response_stats(rows: list[dict]) -> dict:
 
 def throughput(rows: list[dict], seconds: float) -> dict:
     """What one job generated and how long it took (rows journalled by an earlier job excluded)."""
-    tokens = sum(
-        m["usage"].get("completion_tokens", 0) for r in rows for m in r["messages"] if m["role"] == "assistant"
-    )
+    tokens = sum(m["usage"].get("completion_tokens", 0) for m in regenerated_turns(rows))
     return {"seconds": round(seconds, 3), "prompts": len(rows), "completion_tokens": tokens}
 
 
