@@ -51,6 +51,12 @@ def resolve_aux_layers(num_layers: int, spec: str | Sequence[int]) -> list[int]:
     return layers
 
 
+def bytes_per_token(aux_layers: int, hidden_size: int, dtype: str) -> int:
+    """Bytes one packed token takes: the auxiliary and final states, its ID and its mask."""
+    element = torch.empty((), dtype=DTYPES[dtype]).element_size()
+    return (aux_layers + 1) * hidden_size * element + ID_AND_MASK_BYTES
+
+
 @dataclass(frozen=True)
 class Layout:
     """What a shard stores; checked against the config when a shard is read."""
@@ -64,8 +70,7 @@ class Layout:
 
     @property
     def bytes_per_token(self) -> int:
-        element = torch.empty((), dtype=DTYPES[self.dtype]).element_size()
-        return (len(self.aux_layers) + 1) * self.hidden_size * element + ID_AND_MASK_BYTES
+        return bytes_per_token(len(self.aux_layers), self.hidden_size, self.dtype)
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(self.__dict__, sort_keys=True, default=list).encode()).hexdigest()[:16]

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def text_config(model_path: str | Path) -> dict:
+    """The language model's config.json settings (a multimodal checkpoint nests them in `text_config`)."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    return config.get("text_config", config)
 
 
 def load_causal_lm(model_path: str | Path, settings: dict, trust_remote_code: bool = False) -> PreTrainedModel:

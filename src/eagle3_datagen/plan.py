@@ -9,18 +9,16 @@ exist, from their observed completion tokens per turn. No model is loaded or cal
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .chat import load_tokenizer, render_ids
-from .hidden import ID_AND_MASK_BYTES, resolve_aux_layers
+from .hidden import bytes_per_token, resolve_aux_layers
 from .io import iter_jsonl, read_json
+from .models import text_config
 from .workflow import inference_backend, shard_names
-
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def scheduled_partitions(dry_run_output: str, rules: tuple[str, ...] = ("responses", "hidden_states")) -> set[str]:
@@ -56,8 +54,7 @@ def _model_shape(config: dict) -> tuple[int, int]:
     """(layers, hidden size) from the model directory's config.json, else from `plan.model`."""
     path = Path(config["model"]["path"]) / "config.json"
     if path.exists():
-        model = json.loads(path.read_text())
-        model = model.get("text_config", model)
+        model = text_config(config["model"]["path"])
         return model["num_hidden_layers"], model["hidden_size"]
     shape = (config.get("plan") or {}).get("model") or {}
     if not shape:
@@ -98,7 +95,7 @@ def plan_partition(config: dict, partition: str, tokenizer, results: Path) -> Pa
     layers, hidden = _model_shape(config)
     settings = config["hidden_states"]
     aux = resolve_aux_layers(layers, settings["aux_layers"])
-    per_token = (len(aux) + 1) * hidden * DTYPE_BYTES[settings["dtype"]] + ID_AND_MASK_BYTES
+    per_token = bytes_per_token(len(aux), hidden, settings["dtype"])
     total_tokens = prompt_tokens + completion
     return PartitionPlan(
         partition=partition,

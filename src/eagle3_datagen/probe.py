@@ -26,6 +26,7 @@ from safetensors import safe_open
 
 from .hidden import HiddenShard
 from .io import write_json
+from .models import text_config
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,7 @@ class LMHead:
 
     def __init__(self, model_dir: str | Path, device: str = "cpu"):
         model_dir = Path(model_dir)
-        config = json.loads((model_dir / "config.json").read_text())
-        config = config.get("text_config", config)
+        config = text_config(model_dir)
         files = _tensor_files(model_dir)
         names = list(files)
         head = _one_named(names, "lm_head.weight")

@@ -8,18 +8,17 @@ the layout SpecForge and vLLM speculators read.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from .io import atomic_dir, iter_jsonl, write_json
+from .models import text_config
 
 
 def target_vocab_size(model_path: str | Path) -> int:
-    config = json.loads((Path(model_path) / "config.json").read_text())
-    return int(config.get("text_config", config)["vocab_size"])
+    return int(text_config(model_path)["vocab_size"])
 
 
 def loss_token_counts(tokens_paths: Iterable[str | Path], vocab_size: int) -> np.ndarray:
