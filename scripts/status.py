@@ -23,7 +23,8 @@ def main() -> None:
     command = ["--summary", "--profile", args.profile, "--nolock"]
     if args.configfile:
         command += ["--configfile", args.configfile]
-    summary = run_snakemake(command)
+    # A run going on beside it may replace an output while --summary reads it: read again.
+    summary = run_snakemake(command, retry_when="a concurrent process has deleted it")
     config = yaml.safe_load(Path(args.configfile or "config.yaml").read_text())
     locked = is_locked(".")
     states = partition_states(

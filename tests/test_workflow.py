@@ -391,6 +391,29 @@ def test_long_jobs_log_progress_as_plain_lines(demo_dir):
             assert "progress: " in text and " ETA " in text and "\r" not in text, log
 
 
+def test_snakemake_reads_are_retried_only_for_the_named_failure(monkeypatch):
+    from eagle3_datagen import cli
+
+    race = "Unable to obtain modification time of file results/vocab: a concurrent process has deleted it"
+    answers = [(1, "", race), (0, "summary", "")]
+    calls = []
+
+    def fake_run(command, **kwargs):
+        calls.append(command)
+        code, out, err = answers[len(calls) - 1]
+        return subprocess.CompletedProcess(command, code, out, err)
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr(cli.time, "sleep", lambda s: None)
+    assert cli.run_snakemake(["--summary"], retry_when="a concurrent process has deleted it") == "summary"
+    assert len(calls) == 2
+    calls.clear()
+    answers[:] = [(1, "", "MissingInputException")]
+    with pytest.raises(SystemExit, match="MissingInputException"):
+        cli.run_snakemake(["--summary"], retry_when="a concurrent process has deleted it")
+    assert len(calls) == 1
+
+
 def status(work, *args):
     return json.loads(run([sys.executable, "scripts/status.py", "--json", *args], work).stdout)
 

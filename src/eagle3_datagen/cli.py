@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -32,9 +33,17 @@ def setup(args: argparse.Namespace) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if args.threads > 1 else "false")
 
 
-def run_snakemake(args: list[str]) -> str:
-    """stdout of this environment's snakemake (whether or not it is on PATH); exits with its output on failure."""
-    proc = subprocess.run([str(Path(sys.executable).parent / "snakemake"), *args], capture_output=True, text=True)
+def run_snakemake(args: list[str], retry_when: str | None = None, attempts: int = 3) -> str:
+    """stdout of this environment's snakemake (whether or not it is on PATH); exits with its output on failure.
+
+    A failure whose output contains `retry_when` is retried, up to `attempts` runs in all.
+    """
+    for attempt in range(attempts):
+        proc = subprocess.run([str(Path(sys.executable).parent / "snakemake"), *args], capture_output=True, text=True)
+        retry = proc.returncode != 0 and retry_when is not None and retry_when in proc.stdout + proc.stderr
+        if not retry or attempt == attempts - 1:
+            break
+        time.sleep(1)
     if proc.returncode != 0:
         sys.exit(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc.stdout
