@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from safetensors import safe_open
 
 from eagle3_datagen.capture_sglang import SGLangCapture, load_sglang_capture
 from eagle3_datagen.gpu_check import agreement_by_layer, format_table, random_batch
@@ -107,6 +108,24 @@ def run_ranks(world_size, model_dir, samples, out_dir, tmp_path, name):
     return [json.loads(report.with_name(f"{name}.{r}").read_text()) for r in range(world_size)]
 
 
+def assert_same_part_contents(ours, expected):
+    """Equal layout, IDs, masks and metadata; states equal up to float rounding.
+
+    Two one-thread ranks and one two-thread process may sum in a different order (seen on AMD
+    EPYC), so states compare with a tolerance; bytes compare only between runs of one configuration.
+    """
+    with safe_open(ours, "pt") as a, safe_open(expected, "pt") as b:
+        assert a.metadata() == b.metadata()
+        keys = sorted(a.keys())
+        assert keys == sorted(b.keys())
+        for key in keys:
+            got, want = a.get_tensor(key), b.get_tensor(key)
+            if want.is_floating_point():
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            else:
+                assert torch.equal(got, want), key
+
+
 def test_tensor_parallel_ranks_resume_in_lockstep(tmp_path, tiny_model_dir):
     samples = make_samples(23, seed=5)
     expected = capture_shard(samples, tmp_path / "single", standin_capture(tiny_model_dir), SETTINGS)
@@ -117,8 +136,10 @@ def test_tensor_parallel_ranks_resume_in_lockstep(tmp_path, tiny_model_dir):
     assert reports[0]["extends"] == reports[1]["extends"] > 0
     files = sorted(p.name for p in (tmp_path / "tp").iterdir())
     assert files == sorted([p["file"] for p in expected["parts"]] + ["index.json"])
+    uninterrupted = {}
     for part in expected["parts"]:
-        assert (tmp_path / "tp" / part["file"]).read_bytes() == (tmp_path / "single" / part["file"]).read_bytes()
+        assert_same_part_contents(tmp_path / "tp" / part["file"], tmp_path / "single" / part["file"])
+        uninterrupted[part["file"]] = (tmp_path / "tp" / part["file"]).read_bytes()
 
     # A job killed after two parts: its work directory holds them, the output does not exist.
     partial = tmp_path / ".tp.partial"
@@ -134,8 +155,9 @@ def test_tensor_parallel_ranks_resume_in_lockstep(tmp_path, tiny_model_dir):
         for start, part in list(zip(starts, expected["parts"], strict=True))[2:]
     )
     assert [r["extends"] for r in resumed] == [remaining, remaining]
-    for part in expected["parts"]:
-        assert (tmp_path / "tp" / part["file"]).read_bytes() == (tmp_path / "single" / part["file"]).read_bytes()
+    # The same two ranks recompute the missing parts bit for bit.
+    for name, data in uninterrupted.items():
+        assert (tmp_path / "tp" / name).read_bytes() == data, name
     assert HiddenShard(tmp_path / "tp").ids == [s["id"] for s in samples]
 
 
