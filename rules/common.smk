@@ -1,6 +1,20 @@
+from snakemake.exceptions import WorkflowError
+
 from eagle3_datagen import workflow as wf
 
 PARTITIONS = sorted(config["partitions"])
+# Outputs that combine partitions carry the set in params, so a config that adds, drops or
+# renames a partition reruns them (Snakemake's params trigger) instead of reporting up to date.
+PARTITION_SET = wf.as_json(PARTITIONS)
+
+# A missing source is an error before any job; with an object store as default storage, the
+# storage plugin checks its objects itself.
+if workflow.storage_settings.default_storage_provider is None:
+    MISSING_SOURCES = wf.missing_sources(
+        config, workflow.overwrite_configfiles or ["config.yaml"]
+    )
+    if MISSING_SOURCES:
+        raise WorkflowError("\n".join(MISSING_SOURCES))
 
 
 wildcard_constraints:

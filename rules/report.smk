@@ -27,5 +27,7 @@ rule summary:
         "logs/report/summary.log",
     conda:
         "../envs/cpu.yaml"
+    params:
+        partitions=PARTITION_SET,
     shell:
         "python scripts/report.py --combine {input} --out {output} > {log} 2>&1"

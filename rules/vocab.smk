@@ -9,6 +9,7 @@ rule vocab_mapping:
     conda:
         "../envs/cpu.yaml"
     params:
+        partitions=PARTITION_SET,
         draft_vocab_size=config.get("vocab_mapping", {}).get("draft_vocab_size"),
         model=get_model_path,
     shell:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ["tests.skip_policy", "pytester"]
 WORKFLOW_FILES = [
     "Snakefile",
     "config.yaml",
@@ -16,6 +17,10 @@ WORKFLOW_FILES = [
     "scripts",
     "report",
     "profiles",
+    # `--profile NAME` finds these links to profiles/NAME in the working directory.
+    "gpu",
+    "slurm",
+    "local",
     "config",
     "resources",
     "envs",
@@ -35,7 +40,9 @@ def copy_workflow(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for name in WORKFLOW_FILES:
         src = REPO / name
-        if src.is_dir():
+        if src.is_symlink():
+            (dest / name).symlink_to(src.readlink())
+        elif src.is_dir():
             shutil.copytree(src, dest / name)
         else:
             shutil.copy2(src, dest / name)

@@ -234,12 +234,20 @@ def production_dir(tmp_path_factory):
     return work
 
 
-@pytest.mark.parametrize("profile", ["gpu", "slurm"])
-@pytest.mark.parametrize("config", ["kimi-k2.5-sglang", "kimi-k2.5-openrouter"])
+# Profiles by name (`--profile gpu`, found through the link in the working directory) and by path.
+@pytest.mark.parametrize(
+    ("profile", "config"),
+    [
+        ("gpu", "kimi-k2.5-sglang"),
+        ("profiles/gpu", "kimi-k2.5-openrouter"),
+        ("slurm", "kimi-k2.5-openrouter"),
+        ("profiles/slurm", "kimi-k2.5-sglang"),
+    ],
+)
 def test_production_configs_dry_run_under_profiles(production_dir, profile, config):
-    out = snakemake(
-        ["-n", "-p", "--profile", f"profiles/{profile}", "--configfile", f"config/{config}.yaml"], production_dir
-    ).stdout
+    proc = snakemake(["-n", "-p", "--profile", profile, "--configfile", f"config/{config}.yaml"], production_dir)
+    assert f"Using profile {profile} for setting default command line arguments." in proc.stdout + proc.stderr
+    out = proc.stdout
     jobs = scheduled(out)
     assert sum(r == "hidden_states" for r, _ in jobs) == 32
     # The hidden stage runs SGLang tensor parallel: one rank per GPU of the node.
@@ -292,6 +300,36 @@ def test_results_on_s3_through_the_storage_plugin_dry_run(production_dir):
     staged = ".snakemake/storage/s3/eagle3-data/kimi-run"
     assert f"--source {staged}/data/raw/glaive-function-calling-v2.json" in out
     assert f"--out {staged}/results/B1_glaive/hidden/00000" in out
+
+
+def test_switching_configs_reruns_what_combines_partitions_and_refuses_missing_sources(demo_dir, tmp_path):
+    """After the demo: another config, a dropped partition, a source path with a typo."""
+    assert "Nothing to be done" in snakemake(["-n", "--profile", "local"], demo_dir).stdout
+    (demo_dir / "data/raw").mkdir(parents=True, exist_ok=True)
+    for source in ("glaive-function-calling-v2.json", "magicoder-evol-instruct.jsonl"):
+        (demo_dir / "data/raw" / source).touch()
+    out = snakemake(["-n", "-p", "--profile", "gpu", "--configfile", "config/kimi-k2.5-sglang.yaml"], demo_dir).stdout
+    rules = [rule for rule, _ in scheduled(out)]
+    assert "Nothing to be done" not in out
+    assert rules.count("hidden_states") == 32 and {"summary", "vocab_mapping"} <= set(rules)
+    blocks = {b.split(":", 1)[0].strip(): b for b in out.split("\nrule ")[1:]}
+    assert re.search(r"\bgpu=8\b", blocks["hidden_states"])
+
+    config = yaml.safe_load((demo_dir / "config.yaml").read_text())
+    del config["partitions"]["demo_alpaca"]
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(config))
+    out = snakemake(["-n", "--profile", "local", "--configfile", str(tmp_path / "two.yaml")], demo_dir).stdout
+    # The demo model is fitted on every partition, so more than these reruns; these must.
+    assert {"summary", "vocab_mapping"} <= {rule for rule, _ in scheduled(out)}
+
+    config["partitions"]["demo_openai"]["source"] = "resources/demo/data/opneai.jsonl"
+    (tmp_path / "typo.yaml").write_text(yaml.safe_dump(config))
+    proc = snakemake(["-n", "--profile", "local", "--configfile", str(tmp_path / "typo.yaml")], demo_dir, check=False)
+    assert proc.returncode != 0
+    message = proc.stdout + proc.stderr
+    assert "partition 'demo_openai': source 'resources/demo/data/opneai.jsonl' does not exist" in message
+    assert str(tmp_path / "typo.yaml") in message
+    assert "rule " not in proc.stdout
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "config/kimi-k2.5-sglang.yaml", "config/kimi-k2.5-openrouter.yaml"])

@@ -7,6 +7,7 @@ params rerun trigger invalidates exactly the partitions a config change touches.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 BACKENDS = ("hf", "sglang", "openrouter")
 GPU_BACKENDS = ("sglang",)
@@ -97,6 +98,17 @@ def uses_gpu(config: dict, stage: str, partition: str | None = None) -> bool:
 def gpus_for(config: dict, stage: str, partition: str | None = None) -> int:
     """GPUs a job of `stage` asks for; only the responses stage depends on the partition."""
     return config["resources"]["gpus_per_node"] if uses_gpu(config, stage, partition) else 0
+
+
+def missing_sources(config: dict, config_files: list) -> list[str]:
+    """One message per partition whose source file does not exist, naming what to fix."""
+    where = ", ".join(str(f) for f in config_files)
+    return [
+        f"partition {name!r}: source {part['source']!r} does not exist (set in {where}; "
+        f"resolved from {Path.cwd()}). Fix the path, or put the file there."
+        for name, part in sorted(config["partitions"].items())
+        if not Path(part["source"]).exists()
+    ]
 
 
 def as_json(settings: dict) -> str:
