@@ -31,8 +31,11 @@ NUM_RESERVED_SPECIAL = 256
 
 
 def read_added_tokens(model_dir: str | Path) -> dict[int, dict]:
-    config = json.loads((Path(model_dir) / "tokenizer_config.json").read_text())
-    return {int(i): token for i, token in config.get("added_tokens_decoder", {}).items()}
+    return added_tokens(json.loads((Path(model_dir) / "tokenizer_config.json").read_text()))
+
+
+def added_tokens(tokenizer_config: dict) -> dict[int, dict]:
+    return {int(i): token for i, token in tokenizer_config.get("added_tokens_decoder", {}).items()}
 
 
 def fast_tokenizer_from_tiktoken(
@@ -46,7 +49,8 @@ def fast_tokenizer_from_tiktoken(
     model_dir = Path(model_dir)
     backend = TikTokenConverter(vocab_file=str(model_dir / "tiktoken.model"), pattern=pattern).converted()
     base = backend.get_vocab_size()
-    added = read_added_tokens(model_dir)
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    added = added_tokens(config)
     for token_id in range(base, base + num_reserved):
         token = added.get(token_id, {"content": f"<|reserved_token_{token_id}|>", "special": True})
         added_token = AddedToken(token["content"], special=token["special"], normalized=False)
@@ -54,7 +58,6 @@ def fast_tokenizer_from_tiktoken(
         (backend.add_special_tokens if token["special"] else backend.add_tokens)([added_token])
         if backend.token_to_id(token["content"]) != token_id:
             raise ValueError(f"{model_dir}/tokenizer_config.json: {token['content']!r} must have ID {token_id}")
-    config = json.loads((model_dir / "tokenizer_config.json").read_text())
     template = model_dir / "chat_template.jinja"
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
