@@ -1,3 +1,4 @@
+import json
 import os
 import re
 import shutil
@@ -73,12 +74,48 @@ def qwen_tokenizer():
     return qwen3_tokenizer()
 
 
-@pytest.fixture(scope="session")
-def kimi_tokenizer_dir(tmp_path_factory) -> Path:
-    """The Kimi-K2.5-style tokenizer saved as a model directory would hold it."""
-    from eagle3_datagen.kimi_style import write_kimi_style_tokenizer
+KIMI_FILES = REPO / "resources" / "kimi-k2.5"
+REMOTE_CODE_TOKENIZER = REPO / "resources" / "tiktoken-remote-code" / "tokenization_tiktoken.py"
 
-    return write_kimi_style_tokenizer(tmp_path_factory.mktemp("kimi") / "tokenizer")
+
+@pytest.fixture(scope="session")
+def kimi_fast():
+    """Kimi-K2.5's real tokenizer as a fast tokenizer built from its files, with K2.5's template."""
+    from eagle3_datagen.tiktoken_fast import fast_tokenizer_from_tiktoken
+
+    return fast_tokenizer_from_tiktoken(KIMI_FILES)
+
+
+@pytest.fixture(scope="session")
+def kimi_fast_dir(tmp_path_factory, kimi_fast) -> Path:
+    """A model directory holding that fast tokenizer (tokenizer.json), loaded without remote code."""
+    path = tmp_path_factory.mktemp("kimi-fast") / "model"
+    kimi_fast.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def kimi_remote_code_dir(tmp_path_factory) -> Path:
+    """A model directory laid out like a real Kimi-K2.5 one: Kimi's `tiktoken.model`, tokenizer
+    config and template, and a remote-code slow tokenizer that `auto_map` names. Moonshot's own
+    `tokenization_kimi.py` cannot be vendored, so the project's own tiktoken tokenizer stands in."""
+    path = tmp_path_factory.mktemp("kimi-remote") / "model"
+    path.mkdir()
+    for name in ("tiktoken.model", "chat_template.jinja"):
+        shutil.copy2(KIMI_FILES / name, path / name)
+    shutil.copy2(REMOTE_CODE_TOKENIZER, path / REMOTE_CODE_TOKENIZER.name)
+    config = json.loads((KIMI_FILES / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": ["tokenization_tiktoken.TiktokenTokenizer", None]}
+    config["tokenizer_class"] = "TiktokenTokenizer"
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="session")
+def kimi_slow(kimi_remote_code_dir):
+    from eagle3_datagen.chat import load_tokenizer
+
+    return load_tokenizer(kimi_remote_code_dir, trust_remote_code=True)
 
 
 def tiny_qwen3(vocab_size: int, num_layers: int = 8, **overrides):

@@ -254,15 +254,25 @@ def test_offset_boundaries_agree_with_prefix_reencoding(qwen_tokenizer):
     assert by_offsets == by_prefix
 
 
-def test_worker_processes_give_the_same_samples_and_audit(kimi_tokenizer_dir):
+def test_worker_processes_give_the_same_samples_and_audit(kimi_remote_code_dir):
     rows = tricky_rows(CHUNK_ROWS * 2 + 7)
     for n, r in enumerate(rows):
         if n % 3 == 0:
             r["status"] = "truncated"
-    model = {"special_tokens": {"expected_ids": {"<|im_end|>": 163586}}}
-    one, one_report = build_samples(rows, kimi_tokenizer_dir, model, TokenSettings(), workers=1)
-    two, two_report = build_samples(rows, kimi_tokenizer_dir, model, TokenSettings(), workers=2)
+    model = {"trust_remote_code": True, "special_tokens": {"expected_ids": {"<|im_end|>": 163586}}}
+    one, one_report = build_samples(rows, kimi_remote_code_dir, model, TokenSettings(), workers=1)
+    two, two_report = build_samples(rows, kimi_remote_code_dir, model, TokenSettings(), workers=2)
     assert len(one) == len(rows) - len(range(0, len(rows), 3))
     assert one == two
     assert one_report == two_report
     assert one_report["counts"]["dropped_truncated"] == len(range(0, len(rows), 3))
+    # The model's tokenizer is slow (remote code): the fast one built from its tiktoken.model
+    # encoded every sample, each checked to give the slow one's IDs.
+    assert one_report["tokenizer"] == {
+        "model": "TiktokenTokenizer (slow)",
+        "encoder": "TokenizersBackend (fast)",
+        "checked_against_model": True,
+    }
+    assert one_report["boundaries"] == "offsets"
+    assert one_report["counts"]["encoder_checked_samples"] == len(one)
+    assert "encoder_mismatched_samples" not in one_report["counts"]

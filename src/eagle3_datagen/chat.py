@@ -83,6 +83,30 @@ def render_text(
     )
 
 
+PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "probe",
+            "description": "Probe.",
+            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
+        },
+    }
+]
+
+
+def tools_rendering(tokenizer: PreTrainedTokenizerBase, template_kwargs: dict | None = None) -> str:
+    """Who renders tool declarations: `tokenizer` when the tokenizer's own `apply_chat_template`
+    hands the template its own rendering (Kimi-K2.5's remote-code tokenizer: TypeScript
+    `tools_ts_str`), `template` when the template renders the `tools` list itself (K2.5's
+    template then falls back to compact JSON)."""
+    messages = template_messages([{"role": "user", "content": PROBE_USER}])
+    kwargs = {"tokenize": False, "add_generation_prompt": True, **(template_kwargs or {})}
+    own = tokenizer.apply_chat_template(messages, tools=PROBE_TOOLS, **kwargs)
+    plain = PreTrainedTokenizerBase.apply_chat_template(tokenizer, messages, tools=PROBE_TOOLS, **kwargs)
+    return "template" if own == plain else "tokenizer"
+
+
 def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Encode a whole rendered string at once; special tokens in it map to their IDs."""
     return tokenizer(text, add_special_tokens=False)["input_ids"]
