@@ -136,6 +136,19 @@ def test_server_ids_are_audited_and_preferred(builder, qwen_tokenizer):
     assert [t for t, m in zip(from_text["input_ids"], from_text["loss_mask"], strict=True) if m] == exact
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_text_and_server_ids_give_identical_samples(builder, qwen_tokenizer, n):
+    turns = [user("Hi"), reply("Hello.", "greet"), user("Bye"), reply("Goodbye.", "part")][: 2 * n]
+    [from_text] = builder().samples_for(row(*turns))
+    # Qwen3's generation prompt leaves the think block to the model: its output opens it.
+    output = encode(qwen_tokenizer, f"<think>\n{turns[-1]['reasoning']}\n</think>\n\n{turns[-1]['content']}<|im_end|>")
+    b = builder()
+    [from_ids] = b.samples_for(row(*turns[:-1], {**turns[-1], "output_ids": output}))
+    assert from_ids == from_text
+    assert masked_spans(qwen_tokenizer, from_ids)[-1] == qwen_tokenizer.decode(output)
+    assert (b.report()["audit"]["exact"], b.report()["counts"]["ids_from_server"]) == (1, 1)
+
+
 def test_truncated_rows_dropped_or_kept_without_end_of_turn(builder, qwen_tokenizer):
     truncated = row(user("Hi"), reply("Hello th", finish_reason="length"), status="truncated")
     b = builder()
