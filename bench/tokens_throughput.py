@@ -18,18 +18,17 @@ Run from the repository root with the project's venv on PATH.
 import argparse
 import json
 import random
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
 from eagle3_datagen.chat import load_tokenizer, resolve_special_tokens
 from eagle3_datagen.tiktoken_fast import fast_tokenizer_from_tiktoken
+from eagle3_datagen.tiktoken_slow import write_remote_code_dir
 from eagle3_datagen.tokens import TokenBuilder, TokenSettings, build_samples, make_builder
 
 REPO = Path(__file__).resolve().parents[1]
 KIMI = REPO / "resources" / "kimi-k2.5"
-REMOTE_CODE = REPO / "resources" / "tiktoken-remote-code" / "tokenization_tiktoken.py"
 WORDS = [
     *("the model writes a function that returns sorted values from each list and checks every edge case",),
     *("before it answers with short code examples explained in plain words for the user",),
@@ -90,19 +89,6 @@ def conversations(n: int, seed: int, turns: int | None = None) -> list[dict]:
     return [conversation(rng, i, turns or rng.choice((1, 1, 2, 3, 4, 6, 8))) for i in range(n)]
 
 
-def remote_code_dir(path: Path) -> Path:
-    """A model directory laid out like Kimi-K2.5's, its remote-code tokenizer the project's own."""
-    path.mkdir(parents=True)
-    for name in ("tiktoken.model", "chat_template.jinja"):
-        shutil.copy2(KIMI / name, path / name)
-    shutil.copy2(REMOTE_CODE, path / REMOTE_CODE.name)
-    config = json.loads((KIMI / "tokenizer_config.json").read_text())
-    config["auto_map"] = {"AutoTokenizer": ["tokenization_tiktoken.TiktokenTokenizer", None]}
-    config["tokenizer_class"] = "TiktokenTokenizer"
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
-    return path
-
-
 def timed(label: str, run) -> tuple[float, list[dict]]:
     start = time.perf_counter()
     samples = run()
@@ -121,7 +107,7 @@ def main() -> None:
     args = p.parse_args()
     settings = TokenSettings(max_length=1 << 20)
     with tempfile.TemporaryDirectory() as tmp:
-        slow_dir = remote_code_dir(Path(tmp) / "remote")
+        slow_dir = write_remote_code_dir(KIMI, Path(tmp) / "remote")
         fast_dir = Path(tmp) / "fast"
         fast_tokenizer_from_tiktoken(KIMI).save_pretrained(fast_dir)
         slow = load_tokenizer(slow_dir, trust_remote_code=True)

@@ -1,4 +1,3 @@
-import json
 import os
 import re
 import shutil
@@ -75,7 +74,6 @@ def qwen_tokenizer():
 
 
 KIMI_FILES = REPO / "resources" / "kimi-k2.5"
-REMOTE_CODE_TOKENIZER = REPO / "resources" / "tiktoken-remote-code" / "tokenization_tiktoken.py"
 
 
 @pytest.fixture(scope="session")
@@ -99,16 +97,9 @@ def kimi_remote_code_dir(tmp_path_factory) -> Path:
     """A model directory laid out like a real Kimi-K2.5 one: Kimi's `tiktoken.model`, tokenizer
     config and template, and a remote-code slow tokenizer that `auto_map` names. Moonshot's own
     `tokenization_kimi.py` cannot be vendored, so the project's own tiktoken tokenizer stands in."""
-    path = tmp_path_factory.mktemp("kimi-remote") / "model"
-    path.mkdir()
-    for name in ("tiktoken.model", "chat_template.jinja"):
-        shutil.copy2(KIMI_FILES / name, path / name)
-    shutil.copy2(REMOTE_CODE_TOKENIZER, path / REMOTE_CODE_TOKENIZER.name)
-    config = json.loads((KIMI_FILES / "tokenizer_config.json").read_text())
-    config["auto_map"] = {"AutoTokenizer": ["tokenization_tiktoken.TiktokenTokenizer", None]}
-    config["tokenizer_class"] = "TiktokenTokenizer"
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
-    return path
+    from eagle3_datagen.tiktoken_slow import write_remote_code_dir
+
+    return write_remote_code_dir(KIMI_FILES, tmp_path_factory.mktemp("kimi-remote") / "model")
 
 
 @pytest.fixture(scope="session")

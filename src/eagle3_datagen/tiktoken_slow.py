@@ -1,15 +1,16 @@
 """A slow (Python) transformers tokenizer over `tiktoken`, loaded as a model directory's remote code.
 
-eagle3-datagen's own stand-in for the remote-code `TikTokenTokenizer` a real Kimi model directory
-ships (Moonshot's code is not vendored). Copied into a directory beside `tiktoken.model`, with
-`"auto_map": {"AutoTokenizer": ["tokenization_tiktoken.TiktokenTokenizer", null]}` in its
-tokenizer_config.json, `AutoTokenizer.from_pretrained(dir, trust_remote_code=True)` loads it, as
-a real Kimi directory is loaded: a slow tokenizer (no offset mapping) whose IDs are tiktoken's.
-Like Moonshot's, the 256 IDs after the base ranks are the config's named added tokens, each with
-its `special` flag, and `<|reserved_token_{id}|>` for the rest. Tool declarations are left to the
-chat template (its JSON form): no TypeScript rendering here.
+The project's own stand-in for the remote-code `TikTokenTokenizer` that a real Kimi model
+directory ships (Moonshot's code is not vendored). `write_remote_code_dir` lays a directory out
+like Kimi-K2.5's: its `tiktoken.model`, template and tokenizer config, with `auto_map` naming this
+file copied beside them as `tokenization_tiktoken.py`, so `AutoTokenizer.from_pretrained(dir,
+trust_remote_code=True)` loads a slow tokenizer (no offset mapping) whose IDs are tiktoken's. Like
+Moonshot's, the 256 IDs after the base ranks are the config's named added tokens, each with its
+`special` flag, and `<|reserved_token_{id}|>` for the rest. Tool declarations are left to the chat
+template (its JSON form): no TypeScript rendering here.
 """
 
+import json
 import shutil
 from pathlib import Path
 
@@ -71,3 +72,21 @@ class TiktokenTokenizer(PreTrainedTokenizer):
         if Path(self.vocab_file).resolve() != target.resolve():
             shutil.copyfile(self.vocab_file, target)
         return (str(target),)
+
+
+REMOTE_CODE_NAME = "tokenization_tiktoken"
+
+
+def write_remote_code_dir(files_dir: str | Path, out_dir: str | Path) -> Path:
+    """A model directory's tokenizer files from `files_dir` (tiktoken.model, tokenizer_config.json,
+    chat_template.jinja), loading this tokenizer as its remote code."""
+    files_dir, out_dir = Path(files_dir), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("tiktoken.model", "chat_template.jinja"):
+        shutil.copy2(files_dir / name, out_dir / name)
+    shutil.copy2(__file__, out_dir / f"{REMOTE_CODE_NAME}.py")
+    config = json.loads((files_dir / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": [f"{REMOTE_CODE_NAME}.{TiktokenTokenizer.__name__}", None]}
+    config["tokenizer_class"] = TiktokenTokenizer.__name__
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return out_dir
