@@ -251,12 +251,18 @@ def test_tool_call_chain_keeps_its_reasoning_where_k25_keeps_it(kimi, pieces):
     # The fast tokenizer built from the files and the project's remote-code one both leave the
     # declarations to the template (JSON); Moonshot's tokenizer hands it TypeScript instead.
     assert report["tools_rendering"] == "template"
-    # The call turn, trained as the last turn from server IDs, is audited exact.
+    # The call turn, trained as the last turn from server IDs, is audited exact; the server counted
+    # the prompt with the tools declared, as rendered here.
     output = [*pieces("need weather"), END_THINK, *call_ids(pieces), IM_END]
-    call_turn = [*messages[:1], {**messages[1], "output_ids": output}]
-    [call_sample], call_report = build(kimi, call_turn, tools=WEATHER_TOOLS)
-    assert [t for t, m in pairs(call_sample) if m] == output
+    prompt = [*tool_declaration(pieces), IM_END, *user_turn(pieces("Weather in Paris?")), *HEADER, THINK]
+    served = {**messages[1], "output_ids": output, "usage": {"prompt_tokens": len(prompt)}}
+    [call_sample], call_report = build(kimi, [messages[0], served], tools=WEATHER_TOOLS)
+    assert pairs(call_sample) == unmasked(prompt) + masked(output)
     assert call_report["audit"]["exact"] == 1
+    assert "server_prompt_length_differs" not in call_report["counts"]
+    # Without the tools the rendered prompt is not what the server saw: counted.
+    _, untooled = build(kimi, [messages[0], served])
+    assert untooled["counts"]["server_prompt_length_differs"] == 1
 
 
 def test_two_tool_call_chains_in_one_conversation(kimi, pieces):

@@ -132,6 +132,7 @@ class _Plan:
     char_spans: list[tuple[int, int]]  # earlier trained turns, as characters of `prompt`
     continuation: str  # the last turn as the model emitted it, rebuilt from text
     server_ids: list[int] | None  # the last turn's generated IDs, when they apply
+    server_prompt_tokens: int | None  # how many prompt tokens the server counted for that turn
 
 
 class TokenBuilder:
@@ -291,7 +292,8 @@ class TokenBuilder:
             char_spans.append(self._earlier_turn_chars(sample_id, prompt, messages, tools, index, after))
         continuation = self._continuation(sample_id, messages, tools, history, prompt)
         server = messages[last].get("output_ids") if ids_apply else None
-        return _Plan(sample_id, prompt, char_spans, continuation, server)
+        server_prompt_tokens = (messages[last].get("usage") or {}).get("prompt_tokens") if server else None
+        return _Plan(sample_id, prompt, char_spans, continuation, server, server_prompt_tokens)
 
     def _unstable(self, sample_id: str, messages: list[dict], index: int, at: int) -> BoundaryError:
         return BoundaryError(
@@ -404,6 +406,10 @@ class TokenBuilder:
         ids_from = "text"
         if plan.server_ids is not None:
             self.audit.compare(plan.sample_id, rebuilt, plan.server_ids, self.encoder, self.settings.audit_examples)
+            # The prompt the server counted and the one rendered here should be the same IDs
+            # (a difference: tools or template settings not as in generation).
+            if plan.server_prompt_tokens not in (None, len(prompt_ids)):
+                counts["server_prompt_length_differs"] += 1
             if self.settings.prefer_ids == "server":
                 output = list(plan.server_ids)
                 ids_from = "server"
