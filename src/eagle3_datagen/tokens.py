@@ -381,8 +381,8 @@ class TokenBuilder:
         reasoning = (turn.get("reasoning") or "").strip()
         if not reasoning:
             return text
-        think_end = self.specials.think_end
-        if think_end is not None and reasoning in text[turn_at : text.find(think_end, turn_at)]:
+        think_end_at = text.find(self.specials.think_end, turn_at) if self.specials.think_end else -1
+        if think_end_at >= 0 and reasoning in text[turn_at:think_end_at]:
             return text
         block = self._empty_think.search(text, header_at) if self._empty_think is not None else None
         if block is None or block.end() <= turn_at:
