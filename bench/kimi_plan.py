@@ -3,9 +3,9 @@
 
 The configs are used as shipped (sampling, max tokens, prices, hidden-state layout, throughput,
 model shape) except for two inputs this machine lacks:
-- the model directory: the Kimi-style tokenizer (`eagle3_datagen.kimi_style`: Kimi's special
-  tokens, IDs and template layout over Qwen's BPE ranks), so prompt token counts are close to,
-  not equal to, Kimi's;
+- the model directory: Kimi-K2.5's real tokenizer files and template (`resources/kimi-k2.5`) with
+  the project's remote-code tiktoken tokenizer in place of Moonshot's (`eagle3_datagen.tiktoken_slow`),
+  so prompt token counts are Kimi's;
 - the raw datasets: the demo's conversations written in each partition's format (glaive's
   `chat` text for B1_glaive, instruction/response records for B3_magicoder).
 It also prints the figures per 1,000 prompts, which carry over to the real datasets.
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from eagle3_datagen.kimi_style import write_kimi_style_tokenizer
 from eagle3_datagen.plan import format_plan
 from eagle3_datagen.prompts import PARSERS
+from eagle3_datagen.tiktoken_slow import write_remote_code_dir
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = ("Snakefile", "rules", "schemas", "scripts", "envs", "profiles", "config", "config.yaml", "report")
@@ -91,7 +91,7 @@ def main() -> None:
         work = Path(tmp)
         for name in WORKFLOW:
             (shutil.copytree if (REPO / name).is_dir() else shutil.copy2)(REPO / name, work / name)
-        write_kimi_style_tokenizer(work / "models/Kimi-K2.5")
+        write_remote_code_dir(REPO / "resources/kimi-k2.5", work / "models/Kimi-K2.5")
         write_sources(demo_conversations(), work / "data/raw")
         for name in CONFIGS:
             plan = plan_for(name, work)

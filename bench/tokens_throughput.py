@@ -1,26 +1,34 @@
 #!/usr/bin/env python
-"""Throughput of the tokens stage: offset-mapped boundaries vs prefix re-encoding.
+"""Throughput of the tokens stage on Kimi-K2.5's real tokenizer, slow and fast.
 
-Generates multi-turn conversations (words, code and CJK text, with reasoning) and runs the
-tokens stage's builder on them with the Kimi-K2.5-style tokenizer (Qwen's real BPE ranks,
-Kimi's special tokens and template) three ways: boundaries from the tokenizer's offsets in
-one process, the same in --workers processes, and boundaries by re-encoding the text up to
-every boundary (the prefix approach). Then the same two boundary methods by conversation
-length (turns per conversation).
+Generates multi-turn conversations (words, code and CJK text, with reasoning; one in five a
+tool-call chain with its tools declared) and runs the tokens stage's builder on them with
+Kimi-K2.5's real tokenizer files and chat template (`resources/kimi-k2.5`) four ways:
+- slow: the model directory's remote-code slow tokenizer (the project's own over `tiktoken`,
+  standing in for Moonshot's `TikTokenTokenizer`), boundaries by re-encoding each prompt prefix;
+- slow model, fast encoder: what the stage does for such a directory: the slow tokenizer renders,
+  a fast one built from `tiktoken.model` encodes with offsets, every text checked against the slow;
+- fast: a directory holding that fast tokenizer (tokenizer.json), 1 process and --workers processes.
+All four must give identical samples. Then slow and fast by conversation length.
 
-Usage: python bench/tokens_throughput.py [--conversations 10000] [--workers 2] [--per-length 500]
+Usage: python bench/tokens_throughput.py [--conversations 2000] [--workers 2] [--per-length 100]
 Run from the repository root with the project's venv on PATH.
 """
 
 import argparse
+import json
 import random
 import tempfile
 import time
+from pathlib import Path
 
 from eagle3_datagen.chat import load_tokenizer, resolve_special_tokens
-from eagle3_datagen.kimi_style import write_kimi_style_tokenizer
-from eagle3_datagen.tokens import TokenBuilder, TokenSettings, build_samples
+from eagle3_datagen.tiktoken_fast import fast_tokenizer_from_tiktoken
+from eagle3_datagen.tiktoken_slow import write_remote_code_dir
+from eagle3_datagen.tokens import TokenBuilder, TokenSettings, build_samples, make_builder
 
+REPO = Path(__file__).resolve().parents[1]
+KIMI = REPO / "resources" / "kimi-k2.5"
 WORDS = [
     *("the model writes a function that returns sorted values from each list and checks every edge case",),
     *("before it answers with short code examples explained in plain words for the user",),
@@ -28,6 +36,16 @@ WORDS = [
 WORDS = " ".join(WORDS).split(" ")
 CODE = "def merge(a, b):\n    out = []\n    while a and b:\n        out.append(a.pop(0) if a[0] < b[0] else b.pop(0))\n"
 CJK = "这个函数返回排序后的列表。"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search_code",
+            "description": "Search the repository for a pattern.",
+            "parameters": {"type": "object", "properties": {"pattern": {"type": "string"}}, "required": ["pattern"]},
+        },
+    }
+]
 
 
 def text(rng: random.Random, words: int) -> str:
@@ -39,20 +57,31 @@ def text(rng: random.Random, words: int) -> str:
     return "\n\n".join(parts)
 
 
+def answer(rng: random.Random, turn: int, **extra) -> dict:
+    return {
+        "role": "assistant",
+        "content": text(rng, rng.randint(30, 150)),
+        "reasoning": text(rng, rng.randint(10, 60)),
+        "finish_reason": "stop",
+        "turn": turn,
+        **extra,
+    }
+
+
 def conversation(rng: random.Random, index: int, turns: int) -> dict:
     messages = [{"role": "system", "content": "You are a careful assistant."}] if index % 2 else []
+    with_tools = index % 5 == 0
     for turn in range(turns):
         messages.append({"role": "user", "content": text(rng, rng.randint(8, 40))})
-        messages.append(
-            {
-                "role": "assistant",
-                "content": text(rng, rng.randint(30, 150)),
-                "reasoning": text(rng, rng.randint(10, 60)),
-                "finish_reason": "stop",
-                "turn": turn,
-            }
-        )
-    return {"id": f"c{index}", "messages": messages, "status": "ok"}
+        if with_tools:
+            call_id = "functions.search_code:0"
+            arguments = json.dumps({"pattern": rng.choice(WORDS)})
+            call = {"id": call_id, "type": "function", "function": {"name": "search_code", "arguments": arguments}}
+            messages.append({**answer(rng, turn, tool_calls=[call], finish_reason="tool_calls"), "content": ""})
+            messages.append({"role": "tool", "tool_call_id": call_id, "name": "search_code", "content": CODE})
+        messages.append(answer(rng, turn))
+    row = {"id": f"c{index}", "messages": messages, "status": "ok"}
+    return {**row, "tools": TOOLS} if with_tools else row
 
 
 def conversations(n: int, seed: int, turns: int | None = None) -> list[dict]:
@@ -66,52 +95,59 @@ def timed(label: str, run) -> tuple[float, list[dict]]:
     seconds = time.perf_counter() - start
     tokens = sum(len(s["input_ids"]) for s in samples)
     rates = f"{len(samples) / seconds:.0f} | {tokens / seconds:.0f}"
-    print(f"| {label} | {len(samples)} | {tokens} | {seconds:.1f} | {rates} |")
+    print(f"| {label} | {len(samples)} | {tokens} | {seconds:.1f} | {rates} |", flush=True)
     return seconds, samples
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--conversations", type=int, default=10000)
+    p.add_argument("--conversations", type=int, default=2000)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--per-length", type=int, default=500, help="conversations per length in the scaling table")
+    p.add_argument("--per-length", type=int, default=100, help="conversations per length in the scaling table")
     args = p.parse_args()
+    settings = TokenSettings(max_length=1 << 20)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = write_kimi_style_tokenizer(tmp)
-        tokenizer = load_tokenizer(model_dir)
-        specials = resolve_special_tokens(tokenizer)
-        settings = TokenSettings(max_length=1 << 20)
+        slow_dir = write_remote_code_dir(KIMI, Path(tmp) / "remote")
+        fast_dir = Path(tmp) / "fast"
+        fast_tokenizer_from_tiktoken(KIMI).save_pretrained(fast_dir)
+        slow = load_tokenizer(slow_dir, trust_remote_code=True)
+        fast = load_tokenizer(fast_dir)
+        checked = make_builder(slow_dir, {"trust_remote_code": True}, settings)
 
-        def builder(boundaries: str) -> TokenBuilder:
-            return TokenBuilder(tokenizer, specials, settings, boundaries=boundaries)
+        def builder(tokenizer) -> TokenBuilder:
+            return TokenBuilder(tokenizer, resolve_special_tokens(tokenizer), settings)
 
         rows = conversations(args.conversations, seed=0)
-        print(f"{len(rows)} conversations, {sum(len(r['messages']) // 2 for r in rows)} assistant turns\n")
-        print("| method | samples | tokens | seconds | samples/s | tokens/s |")
+        print(f"{len(rows)} conversations, {sum(1 for r in rows if 'tools' in r)} with tool calls\n")
+        print("| tokenizer | samples | tokens | seconds | samples/s | tokens/s |")
         print("|---|---|---|---|---|---|")
-        offsets_s, by_offsets = timed("offsets, 1 process", lambda: builder("offsets").samples_for_rows(rows))
+        slow_s, by_slow = timed("slow (remote code), prefix re-encoding", lambda: builder(slow).samples_for_rows(rows))
+        _, by_checked = timed("slow model, fast encoder checked against it", lambda: checked.samples_for_rows(rows))
+        fast_s, by_fast = timed("fast, offsets, 1 process", lambda: builder(fast).samples_for_rows(rows))
         timed(
-            f"offsets, {args.workers} processes",
-            lambda: build_samples(rows, model_dir, {}, settings, workers=args.workers)[0],
+            f"fast, offsets, {args.workers} processes",
+            lambda: build_samples(rows, fast_dir, {}, settings, workers=args.workers)[0],
         )
-        prefix_s, by_prefix = timed("prefix re-encoding, 1 process", lambda: builder("prefix").samples_for_rows(rows))
-        if by_offsets != by_prefix:
-            raise SystemExit("the two boundary methods disagree")
-        print(f"\nprefix / offsets time ratio: {prefix_s / offsets_s:.2f}\n")
+        if not by_slow == by_checked == by_fast:
+            raise SystemExit("the tokenizers disagree")
+        print(f"\nfast / slow samples/s: {slow_s / fast_s:.2f}\n")
 
-        print("| turns | tokens per sample | offsets samples/s | prefix samples/s | ratio |")
+        print("| assistant turns | tokens per sample | fast samples/s | slow samples/s | fast / slow |")
         print("|---|---|---|---|---|")
-        for turns in (1, 2, 4, 8, 16):
+        # Builders made once, outside the timings (a fast tokenizer's vocabulary lookups at setup
+        # take most of a second).
+        fast_builder, slow_builder = builder(fast), builder(slow)
+        for turns in (1, 2, 4, 8):
             subset = conversations(args.per_length, seed=turns, turns=turns)
             start = time.perf_counter()
-            samples = builder("offsets").samples_for_rows(subset)
-            fast = time.perf_counter() - start
+            samples = fast_builder.samples_for_rows(subset)
+            fast_s = time.perf_counter() - start
             start = time.perf_counter()
-            builder("prefix").samples_for_rows(subset)
-            slow = time.perf_counter() - start
+            slow_builder.samples_for_rows(subset)
+            slow_s = time.perf_counter() - start
             mean_tokens = sum(len(s["input_ids"]) for s in samples) / len(samples)
-            rates = f"{len(subset) / fast:.0f} | {len(subset) / slow:.0f} | {slow / fast:.2f}"
-            print(f"| {turns} | {mean_tokens:.0f} | {rates} |")
+            rates = f"{len(subset) / fast_s:.0f} | {len(subset) / slow_s:.0f} | {slow_s / fast_s:.2f}"
+            print(f"| {turns} | {mean_tokens:.0f} | {rates} |", flush=True)
 
 
 if __name__ == "__main__":

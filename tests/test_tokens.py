@@ -136,6 +136,19 @@ def test_server_ids_are_audited_and_preferred(builder, qwen_tokenizer):
     assert [t for t, m in zip(from_text["input_ids"], from_text["loss_mask"], strict=True) if m] == exact
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_text_and_server_ids_give_identical_samples(builder, qwen_tokenizer, n):
+    turns = [user("Hi"), reply("Hello.", "greet"), user("Bye"), reply("Goodbye.", "part")][: 2 * n]
+    [from_text] = builder().samples_for(row(*turns))
+    # Qwen3's generation prompt leaves the think block to the model: its output opens it.
+    output = encode(qwen_tokenizer, f"<think>\n{turns[-1]['reasoning']}\n</think>\n\n{turns[-1]['content']}<|im_end|>")
+    b = builder()
+    [from_ids] = b.samples_for(row(*turns[:-1], {**turns[-1], "output_ids": output}))
+    assert from_ids == from_text
+    assert masked_spans(qwen_tokenizer, from_ids)[-1] == qwen_tokenizer.decode(output)
+    assert (b.report()["audit"]["exact"], b.report()["counts"]["ids_from_server"]) == (1, 1)
+
+
 def test_truncated_rows_dropped_or_kept_without_end_of_turn(builder, qwen_tokenizer):
     truncated = row(user("Hi"), reply("Hello th", finish_reason="length"), status="truncated")
     b = builder()
@@ -254,15 +267,25 @@ def test_offset_boundaries_agree_with_prefix_reencoding(qwen_tokenizer):
     assert by_offsets == by_prefix
 
 
-def test_worker_processes_give_the_same_samples_and_audit(kimi_tokenizer_dir):
+def test_worker_processes_give_the_same_samples_and_audit(kimi_remote_code_dir):
     rows = tricky_rows(CHUNK_ROWS * 2 + 7)
     for n, r in enumerate(rows):
         if n % 3 == 0:
             r["status"] = "truncated"
-    model = {"special_tokens": {"expected_ids": {"<|im_end|>": 163586}}}
-    one, one_report = build_samples(rows, kimi_tokenizer_dir, model, TokenSettings(), workers=1)
-    two, two_report = build_samples(rows, kimi_tokenizer_dir, model, TokenSettings(), workers=2)
+    model = {"trust_remote_code": True, "special_tokens": {"expected_ids": {"<|im_end|>": 163586}}}
+    one, one_report = build_samples(rows, kimi_remote_code_dir, model, TokenSettings(), workers=1)
+    two, two_report = build_samples(rows, kimi_remote_code_dir, model, TokenSettings(), workers=2)
     assert len(one) == len(rows) - len(range(0, len(rows), 3))
     assert one == two
     assert one_report == two_report
     assert one_report["counts"]["dropped_truncated"] == len(range(0, len(rows), 3))
+    # The model's tokenizer is slow (remote code): the fast one built from its tiktoken.model
+    # encoded every sample, each checked to give the slow one's IDs.
+    assert one_report["tokenizer"] == {
+        "model": "TiktokenTokenizer (slow)",
+        "encoder": "TokenizersBackend (fast)",
+        "checked_against_model": True,
+    }
+    assert one_report["boundaries"] == "offsets"
+    assert one_report["counts"]["encoder_checked_samples"] == len(one)
+    assert "encoder_mismatched_samples" not in one_report["counts"]

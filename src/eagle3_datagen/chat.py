@@ -67,13 +67,44 @@ def render_text(
     messages: Sequence[dict],
     add_generation_prompt: bool,
     template_kwargs: dict | None = None,
+    tools: Sequence[dict] | None = None,
 ) -> str:
+    """`messages` rendered by the tokenizer's chat template, `tools` (OpenAI layout) declared to it.
+
+    The tokenizer's own `apply_chat_template` renders them, so a model's remote-code tokenizer
+    can hand the template its own rendering of the tools (Kimi-K2.5's TypeScript `tools_ts_str`).
+    """
     return tokenizer.apply_chat_template(
         template_messages(messages),
+        tools=list(tools) if tools else None,
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
         **(template_kwargs or {}),
     )
+
+
+PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "probe",
+            "description": "Probe.",
+            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
+        },
+    }
+]
+
+
+def tools_rendering(tokenizer: PreTrainedTokenizerBase, template_kwargs: dict | None = None) -> str:
+    """Who renders tool declarations: `tokenizer` when the tokenizer's own `apply_chat_template`
+    hands the template its own rendering (Kimi-K2.5's remote-code tokenizer: TypeScript
+    `tools_ts_str`), `template` when the template renders the `tools` list itself (K2.5's
+    template then falls back to compact JSON)."""
+    messages = template_messages([{"role": "user", "content": PROBE_USER}])
+    kwargs = {"tokenize": False, "add_generation_prompt": True, **(template_kwargs or {})}
+    own = tokenizer.apply_chat_template(messages, tools=PROBE_TOOLS, **kwargs)
+    plain = PreTrainedTokenizerBase.apply_chat_template(tokenizer, messages, tools=PROBE_TOOLS, **kwargs)
+    return "template" if own == plain else "tokenizer"
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
@@ -86,8 +117,27 @@ def render_ids(
     messages: Sequence[dict],
     add_generation_prompt: bool,
     template_kwargs: dict | None = None,
+    tools: Sequence[dict] | None = None,
 ) -> list[int]:
-    return encode(tokenizer, render_text(tokenizer, messages, add_generation_prompt, template_kwargs))
+    return encode(tokenizer, render_text(tokenizer, messages, add_generation_prompt, template_kwargs, tools))
+
+
+def render_generation_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[dict],
+    tools: Sequence[dict] | None = None,
+    template_kwargs: dict | None = None,
+) -> list[int]:
+    """The input IDs a served model sees before it generates the next assistant turn.
+
+    `messages`: the conversation so far in the project's row layout (assistant `reasoning`,
+    OpenAI `tool_calls` and `tool` messages); `tools`: the record's OpenAI-layout declarations
+    or None. Rendered with the generation prompt by the tokenizer's own `apply_chat_template`
+    (so Kimi-K2.5's tokenizer declares the tools as TypeScript, one built from its files alone as
+    the template's JSON) and encoded whole. The tokens stage trains each turn on exactly these
+    IDs followed by what the model produced.
+    """
+    return render_ids(tokenizer, messages, True, template_kwargs, tools)
 
 
 def single_token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:

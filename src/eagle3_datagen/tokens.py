@@ -1,15 +1,16 @@
 """Stage 3: responses -> input_ids + loss mask, rebuilt with the model's own chat template.
 
-Turn boundaries come from rendering, not from re-encoding text prefixes: the history
-rendered alone must be a prefix of the whole conversation's rendering, a turn starts where
-the history rendered with the generation prompt stops agreeing with it, and ends at the
-end-of-turn token the template places after it. The loss covers the turn and its
-end-of-turn token. Each sample's text is encoded once, whole; boundaries map to tokens
-through the tokenizer's offsets.
+Each regenerated turn is trained as the model emitted it: its generation prompt (the history
+rendered with `add_generation_prompt`, tools declared) followed by exactly what the model
+produced after it. With the server's generated IDs that is those IDs; from text it is the turn
+rebuilt in the model's format, derived from the template (Kimi-K2.5's prompt opens `<think>`, so
+`{reasoning}</think>{content}<|im_end|>`; Qwen3's does not, so `<think>\n{reasoning}\n</think>...`).
+Where both exist they are audited against each other, continuation against continuation.
 
-Where the backend returned the exact generated IDs, they are audited against the IDs
-rebuilt from text and, by default, the last turn is trained on exactly what the model saw
-and produced: the generation prompt followed by those IDs.
+Turn boundaries come from rendering, not from re-encoding text prefixes: an earlier assistant
+turn starts where its own generation prompt stops agreeing with the last turn's prompt and ends
+at the end-of-turn token the template places after it. Prompts are encoded whole; boundaries
+map to tokens through the tokenizer's offsets.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from .chat import SpecialTokens, load_tokenizer, render_text, resolve_special_tokens
+from .chat import SpecialTokens, load_tokenizer, render_text, resolve_special_tokens, tools_rendering
 from .histograms import histogram
 from .io import read_jsonl, write_json, write_jsonl_zst
 from .progress import Progress
+from .tiktoken_fast import fast_tokenizer_from_tiktoken
 
 log = logging.getLogger(__name__)
 
@@ -122,24 +124,32 @@ class Audit:
 
 @dataclass
 class _Plan:
-    """One sample between rendering and encoding: its text and the character span of each turn."""
+    """One sample between rendering and encoding: the last turn's generation prompt, where the
+    earlier trained turns lie in it, and that turn rebuilt as the model emitted it."""
 
     sample_id: str
-    text: str
-    char_spans: list[tuple[int, int]]
-    last_turn: dict
-    prompt_text: str  # the last turn's generation prompt: what the model saw
+    prompt: str  # the last turn's generation prompt: what the model saw
+    char_spans: list[tuple[int, int]]  # earlier trained turns, as characters of `prompt`
+    continuation: str  # the last turn as the model emitted it, rebuilt from text
     server_ids: list[int] | None  # the last turn's generated IDs, when they apply
+    server_prompt_tokens: int | None  # how many prompt tokens the server counted for that turn
 
 
 class TokenBuilder:
     """Response rows -> training samples, a batch of rows at a time.
 
-    Each sample is rendered to text, its turn boundaries found as character offsets in that
-    text, the text encoded once, whole, and the offsets mapped to token positions through the
-    fast tokenizer's offset mapping. `boundaries="prefix"` maps them by re-encoding the text up
-    to each boundary instead: the only way with a slow tokenizer, and the baseline the
-    benchmark compares with.
+    A sample is the trained turn's generation prompt followed by what the model produced after
+    it: the server's IDs when it returned them, else the turn rebuilt from text in the model's
+    own format (derived from the template: what it renders after the generation prompt, the
+    turn's reasoning filled into the think block the prompt opens or the turn carries). Earlier
+    assistant turns are trained where that prompt renders them. `tokenizer` renders (its own
+    `apply_chat_template`, tools included); `encoder` encodes, by default the same tokenizer;
+    `reference`, when given, is the model's own tokenizer that every text `encoder` encodes is
+    checked against: a text on which they differ is encoded by `reference` instead.
+
+    Prompts are encoded whole and earlier turns mapped to tokens through the encoder's offsets;
+    `boundaries="prefix"` re-encodes the prompt up to each boundary instead: the only way with a
+    slow tokenizer, and the baseline the benchmark compares with.
     """
 
     def __init__(
@@ -149,19 +159,24 @@ class TokenBuilder:
         settings: TokenSettings,
         template_kwargs: dict | None = None,
         boundaries: str = "auto",
+        encoder: PreTrainedTokenizerBase | None = None,
+        reference: PreTrainedTokenizerBase | None = None,
     ):
         if settings.thinking not in THINKING_MODES:
             raise ValueError(f"tokens.thinking must be one of {THINKING_MODES}, not {settings.thinking!r}")
+        self.encoder = encoder or tokenizer
         if boundaries == "auto":
-            boundaries = "offsets" if tokenizer.is_fast else "prefix"
+            boundaries = "offsets" if self.encoder.is_fast else "prefix"
         if boundaries not in ("offsets", "prefix"):
             raise ValueError(f"boundaries must be offsets, prefix or auto, not {boundaries!r}")
         self.tokenizer = tokenizer
+        self.reference = reference
         self.specials = specials
         self.settings = settings
         self.template_kwargs = template_kwargs or {}
         self.boundaries = boundaries
         self.audit = Audit()
+        self.tools_rendering = tools_rendering(tokenizer, self.template_kwargs)
         self._empty_think = None
         if specials.think_start and specials.think_end:
             self._empty_think = re.compile(re.escape(specials.think_start) + r"(\s*)" + re.escape(specials.think_end))
@@ -175,41 +190,60 @@ class TokenBuilder:
         plans = [plan for row in rows for plan in self._plans(row)]
         if not plans:
             return []
-        encoded = self.tokenizer(
-            [p.text for p in plans], add_special_tokens=False, return_offsets_mapping=self.boundaries == "offsets"
-        )
-        # What the server was sent for each last turn with server IDs, in plan order.
-        prompt_ids = iter(self._encode([p.prompt_text for p in plans if p.server_ids is not None]))
-        if self.boundaries == "offsets":
-            token_spans = [
-                _token_spans(offsets, p.char_spans) for p, offsets in zip(plans, encoded["offset_mapping"], strict=True)
-            ]
-        else:
-            token_spans = self._prefix_token_spans(plans, encoded["input_ids"])
+        prompts, spans = self._encode_prompts(plans, self.encoder, self.boundaries)
+        continuations = _encode(self.encoder, [p.continuation for p in plans])
+        if self.reference is not None:
+            self._check_against_reference(plans, prompts, spans, continuations)
         samples = []
-        for plan, ids, spans in zip(plans, encoded["input_ids"], token_spans, strict=True):
-            sample = self._finish(plan, ids, spans, next(prompt_ids) if plan.server_ids is not None else None)
+        for plan, prompt_ids, turn_spans, rebuilt in zip(plans, prompts, spans, continuations, strict=True):
+            sample = self._finish(plan, prompt_ids, turn_spans, rebuilt)
             if sample is not None:
                 samples.append(sample)
         return samples
 
-    def _encode(self, texts: list[str]) -> list[list[int]]:
-        return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-
-    def _prefix_token_spans(self, plans: list[_Plan], all_ids: list[list[int]]) -> list[list[tuple[int, int]]]:
-        """Token spans by re-encoding each sample's text up to every boundary."""
-        prefixes = [p.text[:c] for p in plans for span in p.char_spans for c in span]
-        counts = iter(self._encode(prefixes))
+    def _encode_prompts(
+        self, plans: list[_Plan], encoder: PreTrainedTokenizerBase, boundaries: str
+    ) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+        """Each plan's prompt IDs and the token spans of its earlier trained turns."""
+        texts = [p.prompt for p in plans]
+        if boundaries == "offsets":
+            encoded = encoder(texts, add_special_tokens=False, return_offsets_mapping=True)
+            spans = [
+                _token_spans(offsets, p.char_spans) for p, offsets in zip(plans, encoded["offset_mapping"], strict=True)
+            ]
+            return encoded["input_ids"], spans
+        ids = _encode(encoder, texts)
+        # Each boundary by re-encoding the prompt up to it; the common prefix with the whole
+        # encoding, so a token that straddles a boundary counts as the turn's, as with offsets.
+        counts = iter(_encode(encoder, [p.prompt[:c] for p in plans for span in p.char_spans for c in span]))
         spans = []
-        for plan, ids in zip(plans, all_ids, strict=True):
-            # The common prefix with the whole encoding: a token that straddles a boundary
-            # counts as the turn's, as with offsets.
-            bounds = [len(os.path.commonprefix([next(counts), ids])) for _ in range(2 * len(plan.char_spans))]
+        for plan, prompt_ids in zip(plans, ids, strict=True):
+            bounds = [len(os.path.commonprefix([next(counts), prompt_ids])) for _ in range(2 * len(plan.char_spans))]
             spans.append(list(zip(bounds[::2], bounds[1::2], strict=True)))
-        return spans
+        return ids, spans
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        return render_text(self.tokenizer, messages, add_generation_prompt, self.template_kwargs)
+    def _check_against_reference(
+        self,
+        plans: list[_Plan],
+        prompts: list[list[int]],
+        spans: list[list[tuple[int, int]]],
+        continuations: list[list[int]],
+    ) -> None:
+        """Every text encoded as the model's own tokenizer encodes it; a plan where the encoder
+        differs is encoded by the model's tokenizer instead, its boundaries by re-encoding."""
+        reference_prompts = _encode(self.reference, [p.prompt for p in plans])
+        reference_continuations = _encode(self.reference, [p.continuation for p in plans])
+        for k, plan in enumerate(plans):
+            if prompts[k] == reference_prompts[k] and continuations[k] == reference_continuations[k]:
+                self.audit.counts["encoder_checked_samples"] += 1
+                continue
+            self.audit.counts["encoder_mismatched_samples"] += 1
+            log.warning("sample %s: the fast tokenizer differs from the model's; using the model's", plan.sample_id)
+            [prompts[k]], [spans[k]] = self._encode_prompts([plan], self.reference, "prefix")
+            continuations[k] = reference_continuations[k]
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None) -> str:
+        return render_text(self.tokenizer, messages, add_generation_prompt, self.template_kwargs, tools)
 
     def _plans(self, row: dict) -> list[_Plan]:
         counts = self.audit.counts
@@ -221,49 +255,53 @@ class TokenBuilder:
             counts["dropped_truncated"] += 1
             return []
         messages = row["messages"]
+        tools = row.get("tools")
+        if tools:
+            counts["rows_with_tools"] += 1
         if self.settings.thinking == "drop":
             messages = [{**m, "reasoning": ""} if m["role"] == "assistant" else m for m in messages]
         assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if not assistant_at:
+            counts["dropped_no_assistant_turn"] += 1
+            return []
+        # Server IDs describe a turn as generated; with tokens.thinking: drop a turn that
+        # reasoned is trained without its reasoning, so its IDs do not apply.
+        ids_apply = [self.settings.thinking != "drop" or not m.get("reasoning") for m in row["messages"]]
         if self.settings.thinking == "keep_all":
             # Each turn is trained as the model produced it: as the last turn, reasoning shown.
-            return [self._plan(f"{row['id']}/{n}", messages[: i + 1], [i]) for n, i in enumerate(assistant_at)]
-        return [self._plan(row["id"], messages, assistant_at)]
+            return [
+                self._plan(f"{row['id']}/{n}", messages[: i + 1], tools, [i], ids_apply[i])
+                for n, i in enumerate(assistant_at)
+            ]
+        last = assistant_at[-1]
+        return [self._plan(row["id"], messages[: last + 1], tools, assistant_at, ids_apply[last])]
 
-    def _plan(self, sample_id: str, messages: list[dict], loss_turns: list[int]) -> _Plan:
-        """A sample is the last turn's generation prompt, what the model saw, followed by that turn.
-
-        Earlier assistant turns are trained where that prompt renders them: in their own
-        generation prompt's layout, which for a prefix-stable template is how they were produced.
-        """
+    def _plan(
+        self, sample_id: str, messages: list[dict], tools: list[dict] | None, loss_turns: list[int], ids_apply: bool
+    ) -> _Plan:
+        """The last turn's generation prompt, what the model saw, with the earlier trained turns
+        located in it, followed by that turn as the model emitted it."""
         last = loss_turns[-1]
-        history, prompt = self._history(sample_id, messages, last)
-        char_spans = [self._earlier_turn_chars(sample_id, prompt, messages, i) for i in loss_turns[:-1]]
-        turn = self._last_turn_text(sample_id, messages, history, prompt)
-        text = prompt + turn
-        text, span = self._as_generated(text, (len(prompt), len(text)), messages[last])
-        char_spans.append(span)
-        server = messages[last].get("output_ids")
-        # Server IDs describe the last turn as generated; they apply only when the template
-        # renders that turn with the reasoning it was generated with.
-        if self.settings.thinking == "drop" and messages[last].get("reasoning"):
-            server = None
-        return _Plan(sample_id, text, char_spans, messages[last], prompt, server)
+        history = self._render(messages[:last], False, tools)
+        prompt = self._render(messages[:last], True, tools)
+        if not prompt.startswith(history):
+            raise self._unstable(sample_id, messages, last, len(os.path.commonprefix([history, prompt])))
+        char_spans: list[tuple[int, int]] = []
+        for index in loss_turns[:-1]:
+            after = char_spans[-1][1] if char_spans else 0
+            char_spans.append(self._earlier_turn_chars(sample_id, prompt, messages, tools, index, after))
+        continuation = self._continuation(sample_id, messages, tools, history, prompt)
+        server = messages[last].get("output_ids") if ids_apply else None
+        server_prompt_tokens = (messages[last].get("usage") or {}).get("prompt_tokens") if server else None
+        return _Plan(sample_id, prompt, char_spans, continuation, server, server_prompt_tokens)
 
-    def _history(self, sample_id: str, messages: list[dict], index: int, within: str | None = None) -> tuple[str, str]:
-        """The history before turn `index` rendered alone and with the generation prompt, checked
-        to be a prefix of the latter and of `within` (a longer conversation's rendering)."""
-        history = self._render(messages[:index], False)
-        prompt = self._render(messages[:index], True)
-        within = prompt if within is None else within
-        if not prompt.startswith(history) or not within.startswith(history):
-            at = len(os.path.commonprefix([history, within]))
-            raise BoundaryError(
-                f"sample {sample_id}: the chat template is not prefix-stable at assistant turn "
-                f"{messages[index].get('turn', index)} (the history rendered alone differs from its rendering "
-                f"in a longer conversation at character {at}); the loss mask cannot be placed. Check "
-                "model.chat_template_kwargs and tokens.thinking against the template"
-            )
-        return history, prompt
+    def _unstable(self, sample_id: str, messages: list[dict], index: int, at: int) -> BoundaryError:
+        return BoundaryError(
+            f"sample {sample_id}: the chat template is not prefix-stable at assistant turn "
+            f"{messages[index].get('turn', index)} (the history rendered alone differs from its rendering "
+            f"with the generation prompt or in a longer conversation at character {at}); the loss mask cannot "
+            "be placed. Check model.chat_template_kwargs and tokens.thinking against the template"
+        )
 
     def _end_of_turn(self, sample_id: str, text: str, start: int, turn: dict) -> int:
         """Where the turn starting at `start` ends: after its end-of-turn token, or before it when cut off."""
@@ -273,104 +311,111 @@ class TokenBuilder:
                 f"sample {sample_id}: no end-of-turn token {self.specials.end_of_turn!r} after assistant "
                 f"turn {turn.get('turn', '?')}; check model.special_tokens.end_of_turn"
             )
-        stopped = turn.get("finish_reason", "stop") == "stop"
-        return end_of_turn + len(self.specials.end_of_turn) if stopped else end_of_turn
+        # "stop" and "tool_calls" both end with the end-of-turn token; "length" cuts before it.
+        cut_off = turn.get("finish_reason", "stop") == "length"
+        return end_of_turn if cut_off else end_of_turn + len(self.specials.end_of_turn)
 
-    def _earlier_turn_chars(self, sample_id: str, text: str, messages: list[dict], index: int) -> tuple[int, int]:
-        """Where earlier assistant turn `index` lies in `text`.
+    def _earlier_turn_chars(
+        self, sample_id: str, prompt: str, messages: list[dict], tools: list[dict] | None, index: int, after: int
+    ) -> tuple[int, int]:
+        """Where earlier assistant turn `index` lies in `prompt`, the last turn's generation prompt.
 
-        It starts where its history rendered with the generation prompt stops agreeing with
-        `text` (a template may render the prompt's tail differently in a past turn, e.g. drop
-        an empty think block) and ends with the end-of-turn token.
+        It starts where its own generation prompt stops agreeing with `prompt` (the template may
+        render the prompt's tail differently in a past turn, e.g. close an empty think block) and
+        ends with the end-of-turn token. A template may render the history differently once a
+        later turn exists (Kimi-K2.5 blanks a tool-call chain's reasoning after its final answer):
+        the turn then starts after the first generation prompt header past `after`, the end of the
+        previous trained turn.
         """
-        history, prompt = self._history(sample_id, messages, index, text)
-        start = len(os.path.commonprefix([prompt, text]))
-        if start <= len(history):
-            raise BoundaryError(
-                f"sample {sample_id}: the chat template is not prefix-stable at assistant turn "
-                f"{messages[index].get('turn', index)} (its generation prompt differs from the conversation's "
-                f"rendering at character {start}); check model.chat_template_kwargs against the template"
-            )
-        return start, self._end_of_turn(sample_id, text, start, messages[index])
+        history = self._render(messages[:index], False, tools)
+        own_prompt = self._render(messages[:index], True, tools)
+        if prompt.startswith(history):
+            start = len(os.path.commonprefix([own_prompt, prompt]))
+            if start <= len(history):
+                raise self._unstable(sample_id, messages, index, start)
+        else:
+            header = own_prompt[len(history) :]
+            found = prompt.find(header, after)
+            if not header or found < 0:
+                raise self._unstable(sample_id, messages, index, len(os.path.commonprefix([history, prompt])))
+            start = found + len(header)
+        return start, self._end_of_turn(sample_id, prompt, start, messages[index])
 
-    def _last_turn_text(self, sample_id: str, messages: list[dict], history: str, prompt: str) -> str:
-        """The last assistant turn as the template renders it after `prompt`, to its end-of-turn token.
+    def _continuation(
+        self, sample_id: str, messages: list[dict], tools: list[dict] | None, history: str, prompt: str
+    ) -> str:
+        """The last assistant turn as the model emitted it after `prompt`, to its end-of-turn token.
 
-        `history` and `prompt` are the conversation before that turn rendered without and with
-        the generation prompt. Usually the whole conversation's rendering continues `prompt`. A template may render the
-        history differently once a later turn exists (Kimi-K2.5 blanks the reasoning of a tool-call
-        chain after its final answer): the turn then starts after the last generation prompt header.
+        What the template renders after the generation prompt when the turn closes the
+        conversation, with the turn's reasoning filled into an empty think block when the
+        template blanks it (Kimi-K2.5 renders every turn up to the last plain answer as
+        `<think></think>`, the `<think>` already in its generation prompt). The whole
+        conversation's rendering usually continues `prompt`; where a later turn changes how the
+        history renders (Kimi-K2.5 blanks a tool-call chain's reasoning once its final answer
+        exists) the turn starts after the last generation prompt header.
         """
         last = len(messages) - 1
-        full = self._render(messages, False)
+        turn = messages[last]
+        full = self._render(messages, False, tools)
         if full.startswith(prompt):
             start = len(prompt)
         else:
             header = prompt[len(history) :]
-            content_at = len(full) - len((messages[last].get("content") or "").strip())
-            start = full.rfind(header, 0, content_at)
-            if start < 0:
+            content_at = len(full) - len((turn.get("content") or "").strip())
+            found = full.rfind(header, 0, content_at) if header else -1
+            if found < 0:
                 raise BoundaryError(
                     f"sample {sample_id}: the chat template is not prefix-stable at assistant turn "
-                    f"{messages[last].get('turn', last)} (the rendered turn lacks the generation prompt's header "
+                    f"{turn.get('turn', last)} (the rendered turn lacks the generation prompt's header "
                     f"{header!r}); the loss mask cannot be placed. Check model.chat_template_kwargs and "
                     "tokens.thinking against the template"
                 )
-            start += len(header)
-        return full[start : self._end_of_turn(sample_id, full, start, messages[last])]
+            start = found + len(header)
+        text = prompt + full[start : self._end_of_turn(sample_id, full, start, turn)]
+        return self._with_reasoning(sample_id, text, len(history), len(prompt), turn)[len(prompt) :]
 
-    def _as_generated(self, text: str, span: tuple[int, int], turn: dict) -> tuple[str, tuple[int, int]]:
-        """The trained turn as the model generated it, reasoning included.
-
-        A template may render a completed turn with an empty think block (Kimi-K2.5's blanks
-        every turn up to the last plain assistant turn): fill that block with the turn's
-        reasoning, the whitespace the template left in it split around the reasoning.
-        """
-        reasoning = turn.get("reasoning") or ""
-        start, end = span
-        if not reasoning.strip() or reasoning.strip() in text[start:end] or self._empty_think is None:
-            return text, span
-        block = self._empty_think.search(text, start, end)
-        if block is None:
-            return text, span
-        gap = block.group(1)
-        filled = self.specials.think_start + gap[: len(gap) // 2] + reasoning + gap[len(gap) // 2 :]
-        filled += self.specials.think_end
-        text = text[: block.start()] + filled + text[block.end() :]
-        return text, (start, end + len(filled) - (block.end() - block.start()))
-
-    def _check_reasoning_rendered(self, sample_id: str, span: list[int], turn: dict) -> None:
-        """A template may render a finished turn without its reasoning: never train on that silently."""
+    def _with_reasoning(self, sample_id: str, text: str, header_at: int, turn_at: int, turn: dict) -> str:
+        """`text` (history, generation prompt header from `header_at`, the turn from `turn_at`) with
+        the turn's reasoning where the model wrote it: already rendered before the turn's
+        think-end token, or filled into the empty think block that the header or the turn holds."""
         reasoning = (turn.get("reasoning") or "").strip()
-        if reasoning and reasoning not in self.tokenizer.decode(span, skip_special_tokens=False):
+        if not reasoning:
+            return text
+        think_end_at = text.find(self.specials.think_end, turn_at) if self.specials.think_end else -1
+        if think_end_at >= 0 and reasoning in text[turn_at:think_end_at]:
+            return text
+        block = self._empty_think.search(text, header_at) if self._empty_think is not None else None
+        if block is None or block.end() <= turn_at:
             raise ReasoningDroppedError(
                 f"sample {sample_id}: the chat template renders the trained assistant turn without its "
-                "reasoning and with no think block to put it in, so the rebuilt tokens would teach the draft "
-                "model to skip reasoning. Use a backend that returns output_ids, or set tokens.thinking: drop "
-                "to train on content only"
+                "reasoning and with no think block to put it in, so the model's format cannot be derived from "
+                "it and rebuilt tokens would teach the draft model to skip reasoning. Use a backend that "
+                "returns output_ids, or set tokens.thinking: drop to train on content only"
             )
+        # Into the middle of the whitespace the template left in the block, past the part of it
+        # that the generation prompt already holds.
+        gap_at, gap = block.start(1), block.group(1)
+        at = gap_at + min(len(gap), max(len(gap) // 2, turn_at - gap_at))
+        return text[:at] + turn["reasoning"] + text[at:]
 
     def _finish(
-        self, plan: _Plan, ids: list[int], spans: list[tuple[int, int]], prompt_ids: list[int] | None
+        self, plan: _Plan, prompt_ids: list[int], spans: list[tuple[int, int]], rebuilt: list[int]
     ) -> dict | None:
         counts = self.audit.counts
-        input_ids = ids[: spans[-1][1]]
+        output = rebuilt
         ids_from = "text"
         if plan.server_ids is not None:
-            # What the model saw and produced: the generation prompt, then its output.
-            generated = prompt_ids + plan.server_ids
-            start, end = spans[-1]
-            self.audit.compare(
-                plan.sample_id, ids[start:end], generated[start:], self.tokenizer, self.settings.audit_examples
-            )
+            self.audit.compare(plan.sample_id, rebuilt, plan.server_ids, self.encoder, self.settings.audit_examples)
+            # The prompt the server counted and the one rendered here should be the same IDs
+            # (a difference: tools or template settings not as in generation).
+            if plan.server_prompt_tokens not in (None, len(prompt_ids)):
+                counts["server_prompt_length_differs"] += 1
             if self.settings.prefer_ids == "server":
-                input_ids = generated
-                spans[-1] = (len(prompt_ids), len(generated))
+                output = list(plan.server_ids)
                 ids_from = "server"
-        if ids_from == "text":
-            self._check_reasoning_rendered(plan.sample_id, ids[slice(*spans[-1])], plan.last_turn)
+        input_ids = prompt_ids + output
         loss_mask = [0] * len(input_ids)
-        for start, end in spans:
+        for start, end in [*spans, (len(prompt_ids), len(input_ids))]:
             loss_mask[start:end] = [1] * (end - start)
         if len(input_ids) > self.settings.max_length:
             if self.settings.length_policy == "drop":
@@ -391,11 +436,25 @@ class TokenBuilder:
     def report(self) -> dict:
         return {
             "settings": self.settings.__dict__,
+            "tokenizer": self.describe_tokenizer(),
             "boundaries": self.boundaries,
+            "tools_rendering": self.tools_rendering,
             "special_tokens": self.specials.as_dict(),
             "counts": dict(sorted(self.audit.counts.items())),
             "audit": self.audit.summary(),
         }
+
+    def describe_tokenizer(self) -> dict:
+        """Which tokenizer rendered and which encoded, and whether the encoder was checked."""
+        return {
+            "model": f"{type(self.tokenizer).__name__} ({'fast' if self.tokenizer.is_fast else 'slow'})",
+            "encoder": "model" if self.encoder is self.tokenizer else f"{type(self.encoder).__name__} (fast)",
+            "checked_against_model": self.reference is not None,
+        }
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
 
 def _token_spans(offsets: list[tuple[int, int]], char_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -424,10 +483,16 @@ _worker_builder: TokenBuilder | None = None
 
 
 def make_builder(model_path: str | Path, model_settings: dict, settings: TokenSettings) -> TokenBuilder:
+    """The builder for a model directory. A slow tokenizer beside a `tiktoken.model` (Kimi's
+    remote-code `TikTokenTokenizer`) keeps rendering, and a fast tokenizer built from the same
+    files encodes, checked against the model's own on every text."""
     tokenizer = load_tokenizer(model_path, model_settings.get("trust_remote_code", False))
     template_kwargs = model_settings.get("chat_template_kwargs") or {}
     specials = resolve_special_tokens(tokenizer, model_settings.get("special_tokens"), template_kwargs)
-    return TokenBuilder(tokenizer, specials, settings, template_kwargs)
+    encoder = reference = None
+    if not tokenizer.is_fast and (Path(model_path) / "tiktoken.model").exists():
+        encoder, reference = fast_tokenizer_from_tiktoken(model_path), tokenizer
+    return TokenBuilder(tokenizer, specials, settings, template_kwargs, encoder=encoder, reference=reference)
 
 
 def _one_core() -> None:
