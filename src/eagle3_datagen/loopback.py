@@ -69,6 +69,7 @@ class Loopback:
         self.completed: Counter = Counter()  # request key -> successful answers
         self.status_counts: Counter = Counter()
         self.last_chat_request: dict | None = None
+        self.generate_prompts: list[str] = []  # each /generate prompt, decoded
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -129,6 +130,7 @@ class Loopback:
         params = body.get("sampling_params") or {}
         eot = (params.get("stop_token_ids") or [0])[0]
         prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
+        self.generate_prompts.append(prompt)
         answer = "Considering it.</think>" if prompt.endswith("<think>") else ""
         call = self._scripted_call(prompt, lambda trigger_at: self.markers.section_begin in prompt[trigger_at:])
         if call is None:

@@ -191,8 +191,8 @@ class Conversation:
             row["tools"] = self.tools
         if self.ended:
             row["ended"] = self.ended
-        if self.counts:
-            row["tool_call_counts"] = dict(self.counts)
+        if +self.counts:
+            row["tool_call_counts"] = dict(+self.counts)
         if self.error is not None:
             row["error"] = self.error
         return row
