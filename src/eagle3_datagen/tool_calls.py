@@ -133,7 +133,10 @@ def derive_markers(tokenizer: PreTrainedTokenizerBase, template_kwargs: dict | N
     calls = [openai_call("probe_first", '{"x": 1}', 0), openai_call("probe_second", '{"y": 2}', 1)]
     user = {"role": "user", "content": PROBE_USER}
     turn = {"role": "assistant", "content": PROBE_ASSISTANT, "tool_calls": calls}
-    text = render_text(tokenizer, [user, turn], False, template_kwargs)
+    try:
+        text = render_text(tokenizer, [user, turn], False, template_kwargs)
+    except Exception as e:  # a template may raise on tool calls (jinja's raise_exception)
+        raise TemplateError(f"the chat template cannot render a tool call ({type(e).__name__}: {e})") from None
     text = text[text.rindex(PROBE_ASSISTANT) + len(PROBE_ASSISTANT) :]
     pieces, at = [], 0
     for call in calls:
