@@ -544,3 +544,39 @@ def test_hf_backend_declares_tools_and_goes_on_after_a_matched_call(tmp_path, ki
     assert (answer["reasoning"], answer["content"], answer["finish_reason"]) == ("Got it.", "It is 120.", "stop")
     assert all(p.startswith("<|im_system|>tool_declare<|im_middle|>") for p in seen) and len(seen) == 2
     assert row["tool_call_counts"] == {"regenerated": 1, "matched": 1, "results_reused": 1}
+
+
+def test_a_glaive_record_is_regenerated_with_its_recorded_results(tmp_path, kimi_dir, kimi_tokenizer):
+    from eagle3_datagen.prompts import build_prompts
+
+    from .test_prompts import GLAIVE_CHAIN, write_jsonl
+
+    prompts = tmp_path / "prompts.jsonl.zst"
+    build_prompts(write_jsonl(tmp_path / "glaive.jsonl", [GLAIVE_CHAIN]), "glaive", [prompts], tmp_path / "p.json")
+    script = [
+        ScriptedCall("factorial of 5", "calculate_factorial", '{"number": 5}'),
+        ScriptedCall("news for the United States", "get_news_headlines", '{"country": "United States"}'),
+    ]
+    with serve_in_thread(Loopback(str(kimi_dir), tokenizer=kimi_tokenizer, tool_script=script)) as url:
+        stats = run(tmp_path, prompts, sglang(kimi_dir, url))
+    [row] = read_jsonl(tmp_path / "out.jsonl.zst")
+    assert [m["role"] for m in row["messages"]] == [
+        *("system", "user", "assistant", "tool", "assistant"),
+        *("user", "assistant", "tool", "assistant"),
+        *("user", "assistant"),
+    ]
+    calls = [m["tool_calls"][0] for m in row["messages"] if m.get("tool_calls")]
+    assert [c["id"] for c in calls] == ["functions.calculate_factorial:0", "functions.get_news_headlines:1"]
+    results = [(m["tool_call_id"], m["content"]) for m in row["messages"] if m["role"] == "tool"]
+    assert results == [
+        ("functions.calculate_factorial:0", '{"result": 120}'),
+        ("functions.get_news_headlines:1", '{"headlines": ["A", "B"]}'),
+    ]
+    assert row["status"] == "ok" and "ended" not in row and len(row["tools"]) == 2
+    assert stats["tool_calls"] == {
+        "regenerated": 2,
+        "matched": 2,
+        "diverged": 0,
+        "results_reused": 2,
+        "recorded_not_called": 0,
+    }
