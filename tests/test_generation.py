@@ -431,6 +431,10 @@ def test_sglang_tool_chain_reuses_matching_results_and_ends_where_calls_differ(t
         '<|im_system|>tool_declare<|im_middle|>[{"type":"function","function":{"name":"calculate_factorial"'
     )
     assert after_result.endswith(
+        # the reasoning of the call turn stays in the chain, as K2.5's template keeps it
+        "<|im_assistant|>assistant<|im_middle|><think>Considering it.</think><|tool_calls_section_begin|>"
+        '<|tool_call_begin|>functions.calculate_factorial:0<|tool_call_argument_begin|>{"number": 5}'
+        "<|tool_call_end|><|tool_calls_section_end|><|im_end|>"
         "<|im_system|>calculate_factorial<|im_middle|>## Return of functions.calculate_factorial:0\n"
         '{"result": 120}<|im_end|><|im_assistant|>assistant<|im_middle|><think>'
     )
