@@ -584,3 +584,13 @@ def test_a_glaive_record_is_regenerated_with_its_recorded_results(tmp_path, kimi
         "results_reused": 2,
         "recorded_not_called": 0,
     }
+
+
+def test_calls_match_by_function_and_arguments_as_json_values():
+    from eagle3_datagen.tool_calls import same_call
+
+    recorded = openai_call("f", '{"b":[1,true],"a":5}', 3)
+    assert same_call(openai_call("f", '{"a": 5.0, "b": [1, true]}', 0), recorded)  # order, spacing, 5 == 5.0
+    assert not same_call(openai_call("f", '{"a": 5, "b": [1, 1]}', 0), recorded)  # true is not 1
+    assert not same_call(openai_call("g", '{"b":[1,true],"a":5}', 0), recorded)
+    assert not same_call(openai_call("f", "{not json", 0), openai_call("f", "{not json", 0))

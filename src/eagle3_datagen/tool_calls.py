@@ -36,25 +36,29 @@ def calls_before(messages: Sequence[dict]) -> int:
     return sum(len(m.get("tool_calls") or ()) for m in messages if m["role"] == "assistant")
 
 
-def parsed_arguments(arguments: str) -> object:
-    """A call's arguments as JSON, or a sentinel that equals nothing when they are not JSON."""
+def same_call(regenerated: dict, recorded: dict) -> bool:
+    """Same function, arguments equal as JSON values (key order and spacing do not matter).
+
+    Arguments that are not JSON equal nothing.
+    """
+    a, b = regenerated["function"], recorded["function"]
+    if a["name"] != b["name"]:
+        return False
     try:
-        return json.loads(arguments)
+        return _json_equal(json.loads(a["arguments"]), json.loads(b["arguments"]))
     except (TypeError, ValueError):
-        return _Unparsable()
-
-
-class _Unparsable:
-    def __eq__(self, other) -> bool:
         return False
 
-    __hash__ = None
 
-
-def same_call(regenerated: dict, recorded: dict) -> bool:
-    """Same function, arguments equal as JSON values (key order and spacing do not matter)."""
-    a, b = regenerated["function"], recorded["function"]
-    return a["name"] == b["name"] and parsed_arguments(a["arguments"]) == parsed_arguments(b["arguments"])
+def _json_equal(a, b) -> bool:
+    """JSON value equality: 5 equals 5.0, but true is not 1 (as Python's == would have it)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(_json_equal, a, b))
+    return a == b
 
 
 def openai_tool(definition: dict) -> dict:
