@@ -358,3 +358,36 @@ def test_ids_without_tools_are_unchanged_and_tools_enter_the_id():
     assert with_tools != conversation_id(messages)
     other_tool = {"type": "function", "function": {**WEATHER_TOOL["function"], "description": "Other"}}
     assert with_tools != conversation_id(messages, [other_tool])
+
+
+def test_legacy_function_calls_and_orphan_results(tmp_path):
+    legacy = {
+        "functions": [WEATHER_TOOL["function"]],
+        "messages": [
+            {"role": "user", "content": "Weather in Lima?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "function_call": {"name": "get_weather", "arguments": '{"city":"Lima"}'},
+            },
+            {"role": "function", "name": "get_weather", "content": "25C"},
+        ],
+    }
+    orphan = {
+        "conversations": [
+            {"from": "human", "value": "Hi"},
+            {"from": "observation", "value": "a result nobody asked for"},
+            {"from": "human", "value": "Hello?"},
+        ]
+    }
+    src = write_jsonl(tmp_path / "legacy.jsonl", [legacy, orphan])
+    stats = Counter()
+    first, second = list(normalize(src, "auto", None, stats))
+    assert first["tools"] == [WEATHER_TOOL]
+    assert first["messages"][2] == {
+        "role": "tool",
+        "tool_call_id": "functions.get_weather:0",
+        "name": "get_weather",
+        "content": "25C",
+    }
+    assert second["messages"] == [{"role": "user", "content": "Hi"}] and stats["cut_tool_result_unmatched"] == 1
