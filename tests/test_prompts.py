@@ -254,6 +254,8 @@ def test_glaive_functions_calls_and_results_become_openai_tools_with_kimi_ids(tm
         {"role": "user", "content": "Thanks!"},
     ]
     assert stats == Counter(records=1)
+    written = build_prompts(src, "glaive", [tmp_path / "0.jsonl.zst"], tmp_path / "stats.json")
+    assert (written["with_tools"], written["recorded_tool_calls"], written["multi_turn"]) == (1, 2, 1)
 
 
 def test_glaive_unparsable_arguments_cut_the_conversation_there_and_are_counted(tmp_path):
