@@ -103,7 +103,11 @@ def _tools(value) -> list[dict] | None:
 
 
 def _call(name, arguments, source_id=None) -> dict:
-    """A recorded call, its arguments as a JSON string; unparsable arguments skip the record."""
+    """A recorded call, its arguments as compact JSON text.
+
+    Raises SkipRecord when its name or arguments cannot be read; the parsers then cut the
+    conversation before that turn (`cut_tool_call_unparsed`).
+    """
     if not isinstance(name, str) or not name:
         raise SkipRecord("tool_call_unparsed")
     arguments = _json_value(arguments if arguments is not None else {})
