@@ -13,12 +13,14 @@ import pytest
 
 from eagle3_datagen.backends.openrouter import MissingApiKey, OpenRouterBackend
 from eagle3_datagen.backends.sglang import ServerError, SGLangBackend, launched_server
-from eagle3_datagen.chat import load_tokenizer
+from eagle3_datagen.chat import TemplateError, load_tokenizer
 from eagle3_datagen.generation import Budgets, IncompleteRun, run_journaled_responses
 from eagle3_datagen.io import read_jsonl, write_jsonl_zst
 from eagle3_datagen.journal import journal_path
-from eagle3_datagen.loopback import FaultPlan, Loopback, serve_in_thread
+from eagle3_datagen.loopback import FaultPlan, Loopback, ScriptedCall, serve_in_thread
 from eagle3_datagen.progress import Progress
+from eagle3_datagen.tiktoken_fast import fast_tokenizer_from_tiktoken
+from eagle3_datagen.tool_calls import ToolCallMarkers, derive_markers, openai_call
 
 REPO = Path(__file__).resolve().parents[1]
 KEY_ENV = "E3DG_TEST_OPENROUTER_KEY"
@@ -285,3 +287,310 @@ def test_progress_in_a_log_file_is_plain_lines(caplog):
     assert len(lines) == 3 and lines[-1].startswith("progress: 3/3 prompts, ")
     assert "tokens/s, 1 failed, $1.5000, ETA 0 s" in lines[-1]
     assert not any("\r" in line for line in lines)
+
+
+# Tool calls, regenerated natively, on Kimi-K2.5's real tokenizer and template.
+
+FACTORIAL = {
+    "type": "function",
+    "function": {
+        "name": "calculate_factorial",
+        "description": "Calculate the factorial of a number",
+        "parameters": {"type": "object", "properties": {"number": {"type": "integer"}}, "required": ["number"]},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def kimi_dir(tmp_path_factory):
+    """Kimi-K2.5's real tokenizer (fast, built from its tiktoken.model) and template, as a model directory."""
+    path = tmp_path_factory.mktemp("kimi") / "Kimi-K2.5"
+    fast_tokenizer_from_tiktoken(REPO / "resources" / "kimi-k2.5").save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def kimi_tokenizer(kimi_dir):
+    return load_tokenizer(kimi_dir)
+
+
+def recorded_call(name, arguments, index, result=None):
+    """A prompt's recorded tool-call turn, and its recorded result when given."""
+    call = openai_call(name, arguments, index)
+    messages = [{"role": "assistant", "content": "", "tool_calls": [call]}]
+    if result is not None:
+        messages.append({"role": "tool", "tool_call_id": call["id"], "name": name, "content": result})
+    return messages
+
+
+def tool_prompts(tmp_path):
+    user = {"role": "user", "content": "Factorial of 5?"}
+    rows = [
+        # the model's call equals the recorded one as JSON (the spacing differs): its result is reused
+        [
+            user,
+            *recorded_call("calculate_factorial", '{"number":5}', 0, '{"result": 120}'),
+            {"role": "user", "content": "Thanks"},
+        ],
+        [
+            {"role": "user", "content": "Factorial of 6?"},
+            *recorded_call("calculate_factorial", '{"number":6}', 0, "720"),
+        ],
+        [user, *recorded_call("calculate_factorial", '{"number":5}', 0)],  # no recorded result
+        [{"role": "user", "content": "Factorial of 8, quickly"}],  # the record answered without a call
+        [{"role": "user", "content": "Hello there"}],
+    ]
+    prompts = [
+        {"id": f"t{i}", "source": "test", "messages": m, **({"tools": [FACTORIAL]} if i < 4 else {})}
+        for i, m in enumerate(rows)
+    ]
+    path = tmp_path / "tools.jsonl.zst"
+    write_jsonl_zst(path, prompts)
+    return path
+
+
+TOOL_SCRIPT = [
+    ScriptedCall("Factorial of 5", "calculate_factorial", '{"number": 5}'),
+    ScriptedCall("Factorial of 6", "calculate_factorial", '{"number": 7}'),
+    ScriptedCall("Factorial of 8", "calculate_factorial", '{"number": 8}'),
+]
+
+
+def test_kimi_tool_call_markers_come_from_the_template_and_parse_like_sglang(kimi_tokenizer):
+    markers = derive_markers(kimi_tokenizer)
+    assert markers == ToolCallMarkers(
+        "<|tool_calls_section_begin|>",
+        "<|tool_calls_section_end|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
+    )
+    # each marker is one token of the real vocabulary, not a special one
+    for marker, token_id in zip(vars(markers).values(), (163595, 163596, 163597, 163598, 163599), strict=True):
+        assert kimi_tokenizer(marker, add_special_tokens=False)["input_ids"] == [token_id]
+        assert not kimi_tokenizer.added_tokens_decoder[token_id].special
+    output = (
+        "Let me check. <|tool_calls_section_begin|><|tool_call_begin|> functions.calculate_factorial:7 "
+        '<|tool_call_argument_begin|>{"number": 5}<|tool_call_end|><|tool_call_begin|>lookup:0'
+        '<|tool_call_argument_begin|>{"q": "x"}<|tool_call_end|><|tool_calls_section_end|>'
+    )
+    content, calls = markers.split(output, [FACTORIAL], first_index=2)
+    assert content == "Let me check. "
+    # SGLang numbers calls after the history's, whatever index the model wrote
+    assert calls == [
+        openai_call("calculate_factorial", '{"number": 5}', 2),
+        openai_call("lookup", '{"q": "x"}', 3),
+    ]
+    bare = "<|tool_calls_section_begin|><|tool_call_begin|>0<|tool_call_argument_begin|>{}<|tool_call_end|>"
+    assert markers.split(bare, [FACTORIAL], 0)[1] == [openai_call("calculate_factorial", "{}", 0)]
+    assert markers.split("<|tool_calls_section_begin|>oops", [FACTORIAL], 0) == ("<|tool_calls_section_begin|>oops", [])
+    assert markers.split("No calls.", [FACTORIAL], 0) == ("No calls.", None)
+    assert markers.render([("f", "{}")], 4) == (
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:4<|tool_call_argument_begin|>{}"
+        "<|tool_call_end|><|tool_calls_section_end|>"
+    )
+
+
+def test_a_template_without_kimi_style_calls_refuses_prompts_with_tools(model_dir, qwen_tokenizer):
+    from eagle3_datagen.backends.rendered import ToolCallReader
+
+    reader = ToolCallReader(qwen_tokenizer, {})
+    reader.check(None)  # prompts without tools are served as before
+    with pytest.raises(TemplateError, match="declares tools, but the chat template does not write a tool call"):
+        reader.check([FACTORIAL])
+
+
+def test_sglang_tool_chain_reuses_matching_results_and_ends_where_calls_differ(tmp_path, kimi_dir, kimi_tokenizer):
+    server = Loopback(str(kimi_dir), tokenizer=kimi_tokenizer, tool_script=TOOL_SCRIPT)
+    with serve_in_thread(server) as url:
+        stats = run(tmp_path, tool_prompts(tmp_path), sglang(kimi_dir, url))
+    matched, diverged, missing, unrecorded, plain = read_jsonl(tmp_path / "out.jsonl.zst")
+
+    call = openai_call("calculate_factorial", '{"number": 5}', 0)
+    assert [m["role"] for m in matched["messages"]] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+    called, result, answer = matched["messages"][1:4]
+    assert called["tool_calls"] == [call] and called["finish_reason"] == "tool_calls"
+    assert called["content"] == "" and called["reasoning"] == "Considering it."
+    assert kimi_tokenizer.decode(called["output_ids"]) == (
+        "Considering it.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.calculate_factorial:0"
+        '<|tool_call_argument_begin|>{"number": 5}<|tool_call_end|><|tool_calls_section_end|><|im_end|>'
+    )
+    assert result == {
+        "role": "tool",
+        "tool_call_id": "functions.calculate_factorial:0",
+        "name": "calculate_factorial",
+        "content": '{"result": 120}',
+    }
+    assert answer["finish_reason"] == "stop" and answer["content"].startswith("Answer ") and "tool_calls" not in answer
+    assert [m["turn"] for m in matched["messages"] if m["role"] == "assistant"] == [0, 1, 2]
+    assert matched["status"] == "ok" and "ended" not in matched and matched["tools"] == [FACTORIAL]
+
+    # the model saw the tools declared, its own call and the reused result, rendered by K2.5's template
+    after_result = next(p for p in server.generate_prompts if "## Return of" in p and "Factorial of 5" in p)
+    assert after_result.startswith(
+        '<|im_system|>tool_declare<|im_middle|>[{"type":"function","function":{"name":"calculate_factorial"'
+    )
+    assert after_result.endswith(
+        # the reasoning of the call turn stays in the chain, as K2.5's template keeps it
+        "<|im_assistant|>assistant<|im_middle|><think>Considering it.</think><|tool_calls_section_begin|>"
+        '<|tool_call_begin|>functions.calculate_factorial:0<|tool_call_argument_begin|>{"number": 5}'
+        "<|tool_call_end|><|tool_calls_section_end|><|im_end|>"
+        "<|im_system|>calculate_factorial<|im_middle|>## Return of functions.calculate_factorial:0\n"
+        '{"result": 120}<|im_end|><|im_assistant|>assistant<|im_middle|><think>'
+    )
+
+    for row, ended in (
+        (diverged, "tool_call_diverged"),
+        (missing, "tool_result_missing"),
+        (unrecorded, "tool_call_unrecorded"),
+    ):
+        assert row["status"] == "ok" and row["ended"] == ended
+        assert row["messages"][-1]["role"] == "assistant" and row["messages"][-1]["finish_reason"] == "tool_calls"
+    assert diverged["messages"][-1]["tool_calls"] == [openai_call("calculate_factorial", '{"number": 7}', 0)]
+    assert "tools" not in plain and "tool_call_counts" not in plain and plain["messages"][-1]["finish_reason"] == "stop"
+    assert not any("tool_declare" in p for p in server.generate_prompts if "Hello there" in p)
+
+    assert stats["tool_calls"] == {
+        "regenerated": 4,
+        "matched": 2,
+        "diverged": 2,
+        "results_reused": 1,
+        "recorded_not_called": 0,
+    }
+    assert stats["ended"] == {"tool_call_diverged": 1, "tool_result_missing": 1, "tool_call_unrecorded": 1}
+    assert stats["finish_reasons"] == {"tool_calls": 4, "stop": 3}
+
+
+def test_openrouter_declares_tools_and_stores_its_calls_with_kimi_ids(tmp_path, api_key):
+    server = Loopback("unused", api_key=api_key, tool_script=TOOL_SCRIPT)
+    prompts = tmp_path / "p.jsonl.zst"
+    user = {"role": "user", "content": "Factorial of 5?"}
+    history = [{"role": "user", "content": "Warm-up"}, *recorded_call("noop", "{}", 0, "ok")]
+    messages = [*history, user, *recorded_call("calculate_factorial", '{"number": 5}', 1, "120")]
+    write_jsonl_zst(prompts, [{"id": "o1", "source": "test", "tools": [FACTORIAL], "messages": messages}])
+    with serve_in_thread(server) as url:
+        stats = run(tmp_path, prompts, openrouter(url))
+    [row] = read_jsonl(tmp_path / "out.jsonl.zst")
+    # the warm-up turn answers in text: its recorded call is counted as not made
+    assert [m["role"] for m in row["messages"]] == ["user", "assistant", "user", "assistant", "tool", "assistant"]
+    called = row["messages"][3]
+    # the provider's "call_..." id is replaced by Kimi's, numbered after the history's calls
+    assert called["tool_calls"] == [openai_call("calculate_factorial", '{"number": 5}', 0)]
+    assert called["finish_reason"] == "tool_calls" and called["content"] == ""
+    assert row["messages"][4]["tool_call_id"] == "functions.calculate_factorial:0"
+    sent = server.last_chat_request
+    assert sent["tools"] == [FACTORIAL]
+    assert sent["messages"][-2:] == [
+        {"role": "assistant", "content": "", "tool_calls": [openai_call("calculate_factorial", '{"number": 5}', 0)]},
+        {
+            "role": "tool",
+            "content": "120",
+            "tool_call_id": "functions.calculate_factorial:0",
+            "name": "calculate_factorial",
+        },
+    ]
+    assert stats["tool_calls"]["recorded_not_called"] == 1 and stats["tool_calls"]["results_reused"] == 1
+
+
+def test_hf_backend_declares_tools_and_goes_on_after_a_matched_call(tmp_path, kimi_dir, kimi_tokenizer):
+    """The hf backend on Kimi-K2.5's tokenizer and template, with a tiny random Qwen3 as the model.
+
+    A random model cannot be made to call a tool, so `lm.generate` is replaced by one that
+    answers the rendered prompt with fixed output IDs (a call after a user turn, a text answer
+    after a tool result). The rendering with tools, the output parsing and the loop are real.
+    """
+    import shutil
+
+    import torch
+
+    from eagle3_datagen.backends.hf import HFBackend
+    from eagle3_datagen.responses import regenerate
+
+    from .conftest import tiny_qwen3
+
+    model_dir = tmp_path / "Kimi-tiny"
+    shutil.copytree(kimi_dir, model_dir)
+    torch.manual_seed(0)
+    tiny_qwen3(len(kimi_tokenizer), num_layers=1).save_pretrained(model_dir)
+    backend = HFBackend(model_dir, {"max_new_tokens": 64}, {"batch_size": 2}, {})
+    markers = derive_markers(kimi_tokenizer)
+    seen = []
+
+    def scripted_generate(input_ids, attention_mask, **kwargs):
+        rows = []
+        for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True):
+            prompt = kimi_tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
+            seen.append(prompt)
+            if "## Return of" in prompt.rsplit("<|im_user|>", 1)[-1]:
+                text = "Got it.</think>It is 120.<|im_end|>"
+            else:
+                text = "Compute it.</think>" + markers.render([("calculate_factorial", '{"number": 5}')]) + "<|im_end|>"
+            rows.append(ids + kimi_tokenizer(text, add_special_tokens=False)["input_ids"])
+        width = max(map(len, rows))
+        return torch.tensor([r + [kimi_tokenizer.pad_token_id] * (width - len(r)) for r in rows])
+
+    backend.lm.generate = scripted_generate
+    prompt = {
+        "id": "h1",
+        "source": "test",
+        "tools": [FACTORIAL],
+        "messages": [
+            {"role": "user", "content": "Factorial of 5?"},
+            *recorded_call("calculate_factorial", '{"number":5}', 0, "120"),
+        ],
+    }
+    [row] = regenerate([prompt], backend)
+    assert [m["role"] for m in row["messages"]] == ["user", "assistant", "tool", "assistant"]
+    called, result, answer = row["messages"][1:]
+    assert called["tool_calls"] == [openai_call("calculate_factorial", '{"number": 5}', 0)]
+    assert called["finish_reason"] == "tool_calls" and called["reasoning"] == "Compute it."
+    assert result["tool_call_id"] == "functions.calculate_factorial:0" and result["content"] == "120"
+    assert (answer["reasoning"], answer["content"], answer["finish_reason"]) == ("Got it.", "It is 120.", "stop")
+    assert all(p.startswith("<|im_system|>tool_declare<|im_middle|>") for p in seen) and len(seen) == 2
+    assert row["tool_call_counts"] == {"regenerated": 1, "matched": 1, "results_reused": 1}
+
+
+def test_a_glaive_record_is_regenerated_with_its_recorded_results(tmp_path, kimi_dir, kimi_tokenizer):
+    from eagle3_datagen.prompts import build_prompts
+
+    from .test_prompts import GLAIVE_CHAIN, write_jsonl
+
+    prompts = tmp_path / "prompts.jsonl.zst"
+    build_prompts(write_jsonl(tmp_path / "glaive.jsonl", [GLAIVE_CHAIN]), "glaive", [prompts], tmp_path / "p.json")
+    script = [
+        ScriptedCall("factorial of 5", "calculate_factorial", '{"number": 5}'),
+        ScriptedCall("news for the United States", "get_news_headlines", '{"country": "United States"}'),
+    ]
+    with serve_in_thread(Loopback(str(kimi_dir), tokenizer=kimi_tokenizer, tool_script=script)) as url:
+        stats = run(tmp_path, prompts, sglang(kimi_dir, url))
+    [row] = read_jsonl(tmp_path / "out.jsonl.zst")
+    assert [m["role"] for m in row["messages"]] == [
+        *("system", "user", "assistant", "tool", "assistant"),
+        *("user", "assistant", "tool", "assistant"),
+        *("user", "assistant"),
+    ]
+    calls = [m["tool_calls"][0] for m in row["messages"] if m.get("tool_calls")]
+    assert [c["id"] for c in calls] == ["functions.calculate_factorial:0", "functions.get_news_headlines:1"]
+    results = [(m["tool_call_id"], m["content"]) for m in row["messages"] if m["role"] == "tool"]
+    assert results == [
+        ("functions.calculate_factorial:0", '{"result": 120}'),
+        ("functions.get_news_headlines:1", '{"headlines": ["A", "B"]}'),
+    ]
+    assert row["status"] == "ok" and "ended" not in row and len(row["tools"]) == 2
+    assert stats["tool_calls"] == {
+        "regenerated": 2,
+        "matched": 2,
+        "diverged": 0,
+        "results_reused": 2,
+        "recorded_not_called": 0,
+    }
+
+
+def test_calls_match_by_function_and_arguments_as_json_values():
+    from eagle3_datagen.tool_calls import same_call
+
+    recorded = openai_call("f", '{"b":[1,true],"a":5}', 3)
+    assert same_call(openai_call("f", '{"a": 5.0, "b": [1, true]}', 0), recorded)  # order, spacing, 5 == 5.0
+    assert not same_call(openai_call("f", '{"a": 5, "b": [1, 1]}', 0), recorded)  # true is not 1
+    assert not same_call(openai_call("g", '{"b":[1,true],"a":5}', 0), recorded)
+    assert not same_call(openai_call("f", "{not json", 0), openai_call("f", "{not json", 0))

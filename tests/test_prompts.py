@@ -1,3 +1,4 @@
+import hashlib
 import json
 from collections import Counter
 
@@ -45,8 +46,18 @@ def test_each_format_normalizes_to_system_and_user_turns(tmp_path):
         ("sharegpt", SHAREGPT, [("system", "Be brief."), ("user", "Hi"), ("user", "Bye")]),
         ("openai", OPENAI, [("user", "What is 2+2?")]),
         ("alpaca", ALPACA, [("user", "Reverse the word.\n\nabc")]),
-        # the conversation is cut before the tool result: it answers the original call
-        ("glaive", GLAIVE, [("system", "You can call get_time."), ("user", "What time is it?")]),
+        # the recorded call and its result are kept for generation to compare and reuse
+        (
+            "glaive",
+            GLAIVE,
+            [
+                ("system", "You can call get_time."),
+                ("user", "What time is it?"),
+                ("assistant", ""),
+                ("tool", '{"time": "10:00"}'),
+                ("user", "Thanks"),
+            ],
+        ),
     ]:
         src = write_jsonl(tmp_path / f"{fmt}.jsonl", [record])
         for chosen in (fmt, "auto"):
@@ -132,3 +143,253 @@ def test_record_of_the_wrong_format_is_named(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [SHAREGPT, ALPACA])
     with pytest.raises(InputError, match=r"in\.jsonl:2: not a sharegpt record .* needs conversations"):
         list(normalize(src, "sharegpt", None, Counter()))
+
+
+GLAIVE_FUNCTIONS = """SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -
+{
+    "name": "calculate_factorial",
+    "description": "Calculate the factorial of a given number",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "number": {
+                "type": "integer",
+                "description": "The number to calculate factorial for"
+            }
+        },
+        "required": [
+            "number"
+        ]
+    }
+}
+
+{
+    "name": "get_news_headlines",
+    "description": "Get the latest news headlines",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "country": {
+                "type": "string"
+            }
+        }
+    }
+}
+"""
+GLAIVE_CHAIN = {
+    "system": GLAIVE_FUNCTIONS,
+    "chat": "USER: Hi, I need to calculate the factorial of 5. Can you help me with that?\n\n\n"
+    'ASSISTANT: <functioncall> {"name": "calculate_factorial", "arguments": \'{"number": 5}\'} <|endoftext|>\n\n\n'
+    'FUNCTION RESPONSE: {"result": 120}\n\n\n'
+    "ASSISTANT: The factorial of 5 is 120. <|endoftext|>\n\n\n"
+    "USER: And the news for the United States?\n\n\n"
+    'ASSISTANT: <functioncall> {"name": "get_news_headlines", "arguments": \'{\n'
+    '  "country": "United States"\n'
+    "}'} <|endoftext|>\n\n\n"
+    'FUNCTION RESPONSE: {"headlines": ["A", "B"]}\n\n\n'
+    "ASSISTANT: Here are the headlines: A, B. <|endoftext|>\n\n\n"
+    "USER: Thanks!\n\n\n"
+    "ASSISTANT: You're welcome! <|endoftext|>",
+}
+
+
+def test_glaive_functions_calls_and_results_become_openai_tools_with_kimi_ids(tmp_path):
+    src = write_jsonl(tmp_path / "glaive.jsonl", [GLAIVE_CHAIN])
+    stats = Counter()
+    [prompt] = list(normalize(src, "glaive", None, stats))
+    assert [t["function"]["name"] for t in prompt["tools"]] == ["calculate_factorial", "get_news_headlines"]
+    assert prompt["tools"][0] == {
+        "type": "function",
+        "function": {
+            "name": "calculate_factorial",
+            "description": "Calculate the factorial of a given number",
+            "parameters": {
+                "type": "object",
+                "properties": {"number": {"type": "integer", "description": "The number to calculate factorial for"}},
+                "required": ["number"],
+            },
+        },
+    }
+    assert prompt["messages"] == [
+        {
+            "role": "system",
+            "content": "You are a helpful assistant with access to the following functions. Use them if required",
+        },
+        {"role": "user", "content": "Hi, I need to calculate the factorial of 5. Can you help me with that?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "functions.calculate_factorial:0",
+                    "type": "function",
+                    "function": {"name": "calculate_factorial", "arguments": '{"number":5}'},
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "functions.calculate_factorial:0",
+            "name": "calculate_factorial",
+            "content": '{"result": 120}',
+        },
+        {"role": "user", "content": "And the news for the United States?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "functions.get_news_headlines:1",
+                    "type": "function",
+                    "function": {"name": "get_news_headlines", "arguments": '{"country":"United States"}'},
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "functions.get_news_headlines:1",
+            "name": "get_news_headlines",
+            "content": '{"headlines": ["A", "B"]}',
+        },
+        {"role": "user", "content": "Thanks!"},
+    ]
+    assert stats == Counter(records=1)
+    written = build_prompts(src, "glaive", [tmp_path / "0.jsonl.zst"], tmp_path / "stats.json")
+    assert (written["with_tools"], written["recorded_tool_calls"], written["multi_turn"]) == (1, 2, 1)
+
+
+def test_glaive_unparsable_arguments_cut_the_conversation_there_and_are_counted(tmp_path):
+    broken = dict(GLAIVE_CHAIN, chat=GLAIVE_CHAIN["chat"].replace("""'{\"number\": 5}'""", """'{\"number\": 5'"""))
+    escaped = dict(GLAIVE_CHAIN, chat=GLAIVE_CHAIN["chat"].replace('"number": 5}', '"number": 5, "note": "it\\\'s"}'))
+    no_functions = {
+        "system": "SYSTEM: You are a helpful assistant, with no access to external functions.",
+        "chat": "USER: Tell me a joke. ASSISTANT: Why did the chicken cross the road? <|endoftext|>",
+    }
+    src = write_jsonl(tmp_path / "glaive.jsonl", [broken, escaped, no_functions])
+    stats = Counter()
+    cut, unescaped, plain = list(normalize(src, "glaive", None, stats))
+    assert [m["role"] for m in cut["messages"]] == ["system", "user"] and len(cut["tools"]) == 2
+    assert stats["cut_tool_call_unparsed"] == 1
+    assert unescaped["messages"][2]["tool_calls"][0]["function"]["arguments"] == '{"number":5,"note":"it\'s"}'
+    assert "tools" not in plain
+    assert plain["messages"] == [
+        {"role": "system", "content": "You are a helpful assistant, with no access to external functions."},
+        {"role": "user", "content": "Tell me a joke."},
+    ]
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def test_openai_and_sharegpt_tool_records_keep_calls_and_results(tmp_path):
+    openai = {
+        "tools": [WEATHER_TOOL],
+        "messages": [
+            {"role": "user", "content": "Weather in Paris and Rome?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_a",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    },
+                    {
+                        "id": "call_b",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Rome"}},
+                    },
+                ],
+            },
+            # answered out of order: the source ids say which call each result belongs to
+            {"role": "tool", "tool_call_id": "call_b", "content": "18C"},
+            {"role": "tool", "tool_call_id": "call_a", "content": "21C"},
+            {"role": "assistant", "content": "Paris 21C, Rome 18C."},
+        ],
+    }
+    sharegpt = {
+        "tools": json.dumps([WEATHER_TOOL["function"]]),  # LLaMA-Factory's layout: bare functions as a JSON string
+        "conversations": [
+            {"from": "human", "value": "Weather in Oslo?"},
+            {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "Oslo"}}'},
+            {"from": "observation", "value": "-3C"},
+            {"from": "gpt", "value": "It is -3C in Oslo."},
+        ],
+    }
+    src = write_jsonl(tmp_path / "tools.jsonl", [openai, sharegpt])
+    first, second = list(normalize(src, "auto", None, Counter()))
+    assert first["tools"] == [WEATHER_TOOL] and second["tools"] == [WEATHER_TOOL]
+    calls = first["messages"][1]["tool_calls"]
+    assert [(c["id"], c["function"]["arguments"]) for c in calls] == [
+        ("functions.get_weather:0", '{"city":"Paris"}'),
+        ("functions.get_weather:1", '{"city":"Rome"}'),
+    ]
+    assert [(m["tool_call_id"], m["content"]) for m in first["messages"][2:]] == [
+        ("functions.get_weather:1", "18C"),
+        ("functions.get_weather:0", "21C"),
+    ]
+    assert second["messages"][1:] == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "functions.get_weather:0",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "name": "get_weather", "content": "-3C"},
+    ]
+
+
+def test_ids_without_tools_are_unchanged_and_tools_enter_the_id():
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    earlier = hashlib.sha256(json.dumps([["system", "Be brief."], ["user", "Hi"]], separators=(",", ":")).encode())
+    assert conversation_id(messages) == earlier.hexdigest()[:24]
+    with_tools = conversation_id(messages, [WEATHER_TOOL])
+    assert with_tools != conversation_id(messages)
+    other_tool = {"type": "function", "function": {**WEATHER_TOOL["function"], "description": "Other"}}
+    assert with_tools != conversation_id(messages, [other_tool])
+
+
+def test_legacy_function_calls_and_orphan_results(tmp_path):
+    legacy = {
+        "functions": [WEATHER_TOOL["function"]],
+        "messages": [
+            {"role": "user", "content": "Weather in Lima?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "function_call": {"name": "get_weather", "arguments": '{"city":"Lima"}'},
+            },
+            {"role": "function", "name": "get_weather", "content": "25C"},
+        ],
+    }
+    orphan = {
+        "conversations": [
+            {"from": "human", "value": "Hi"},
+            {"from": "observation", "value": "a result nobody asked for"},
+            {"from": "human", "value": "Hello?"},
+        ]
+    }
+    src = write_jsonl(tmp_path / "legacy.jsonl", [legacy, orphan])
+    stats = Counter()
+    first, second = list(normalize(src, "auto", None, stats))
+    assert first["tools"] == [WEATHER_TOOL]
+    assert first["messages"][2] == {
+        "role": "tool",
+        "tool_call_id": "functions.get_weather:0",
+        "name": "get_weather",
+        "content": "25C",
+    }
+    assert second["messages"] == [{"role": "user", "content": "Hi"}] and stats["cut_tool_result_unmatched"] == 1

@@ -1,9 +1,10 @@
 """Concurrent, resumable regeneration over HTTP backends (SGLang, OpenRouter).
 
-Each prompt is one conversation task: its user turns are answered in order, each on the
-regenerated history; the finished row (success or failure with its reason) is appended to
-the journal at once. Budgets are checked before a conversation starts, so in-flight ones
-finish and nothing is half-written. The final output is written only when every prompt is
+Each prompt is one conversation task (`responses.Conversation`): its user turns are answered
+in order, each on the regenerated history, tool calls checked against the recorded ones; the
+finished row (success or failure with its reason) is appended to the journal at once.
+Budgets are checked before a conversation starts, so in-flight ones finish and nothing is
+half-written. The final output is written only when every prompt is
 in the journal, in prompt order; otherwise the job stops with what is done and what is left,
 and a rerun continues from the journal.
 """
@@ -22,7 +23,7 @@ from .backends.http import RequestFailed, RetryableError, StopRun
 from .io import read_jsonl, write_json, write_jsonl_zst
 from .journal import Journal, journal_path
 from .progress import Progress
-from .responses import Turn, interleave, response_stats, through_last_reply, throughput
+from .responses import Conversation, Turn, response_stats, throughput
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,11 @@ class AsyncBackend(Protocol):
 
     async def __aexit__(self, *exc) -> None: ...
 
-    async def generate(self, messages: list[dict]) -> Turn:
-        """The next assistant turn; raises RequestFailed, RetryableError (retries spent) or StopRun."""
+    async def generate(self, messages: list[dict], tools: list[dict] | None) -> Turn:
+        """The next assistant turn with `tools` declared.
+
+        Raises RequestFailed, RetryableError (retries spent) or StopRun.
+        """
         ...
 
 
@@ -73,34 +77,18 @@ def row_usage(row: dict) -> dict:
 
 
 async def _conversation(prompt: dict, backend: AsyncBackend) -> dict:
-    replies: list[dict] = []
-    status, error = "ok", None
-    user_turns = sum(m["role"] == "user" for m in prompt["messages"])
-    for turn_index in range(user_turns):
-        history = interleave(prompt["messages"], replies)
+    conversation = Conversation(prompt)
+    while not conversation.done:
         try:
-            turn = await backend.generate(history)
+            turn = await backend.generate(conversation.messages, conversation.tools)
         except RequestFailed as e:
-            status, error = "failed", e.reason
+            conversation.fail(e.reason)
             break
         except RetryableError as e:
-            status, error = "failed", f"retries exhausted: {e.reason}"
+            conversation.fail(f"retries exhausted: {e.reason}")
             break
-        replies.append(turn.as_message(turn_index))
-        status = turn.status
-        if status != "ok":
-            break
-    row = {
-        "id": prompt["id"],
-        "messages": through_last_reply(interleave(prompt["messages"], replies)),
-        "source": prompt["source"],
-        "backend": backend.name,
-        "model": backend.model,
-        "status": status,
-    }
-    if error is not None:
-        row["error"] = error
-    return row
+        conversation.add(turn)
+    return conversation.row(backend.name, backend.model)
 
 
 async def regenerate_journaled(

@@ -6,8 +6,11 @@ end-of-turn token included), `/chat/completions` as OpenRouter does (text, reaso
 with cost, provider). Faults follow a plan: for the requests whose content hashes into
 1/`every` of them, attempt k gets `sequence[k-1]` (an HTTP status, `"200-error"` or
 `"200-empty"`), later attempts succeed. `credits` makes every completion after that many
-answer 402. Runnable as a server (`python -m eagle3_datagen.loopback --help`), also in the
-place of `sglang.launch_server`.
+answer 402. A tool script makes the stand-in model call tools: after a user turn that contains
+a script entry's `trigger`, `/generate` emits that call in the template's own tool-call markers
+and `/chat/completions` returns it in `message.tool_calls`; once a call follows the trigger it
+answers in text. `/generate` closes a think block its prompt opens. Runnable as a server
+(`python -m eagle3_datagen.loopback --help`), also in the place of `sglang.launch_server`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 from aiohttp import web
 
 from .chat import load_tokenizer
+from .tool_calls import derive_markers
 
 
 @dataclass
@@ -39,16 +43,33 @@ class FaultPlan:
     reject: list = field(default_factory=list)  # substrings of user content answered 400
 
 
+@dataclass(frozen=True)
+class ScriptedCall:
+    trigger: str  # a user turn containing this is answered with the call
+    name: str
+    arguments: str  # JSON
+
+
 class Loopback:
-    def __init__(self, model_path: str, tokenizer=None, api_key: str | None = None, faults: FaultPlan | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer=None,
+        api_key: str | None = None,
+        faults: FaultPlan | None = None,
+        tool_script: list[ScriptedCall] = (),
+    ):
         self.model_path = model_path
         self.tokenizer = tokenizer
         self.api_key = api_key
         self.faults = faults or FaultPlan()
+        self.tool_script = list(tool_script)
+        self.markers = derive_markers(tokenizer) if tokenizer is not None and self.tool_script else None
         self.attempts: Counter = Counter()  # request key -> attempts seen
         self.completed: Counter = Counter()  # request key -> successful answers
         self.status_counts: Counter = Counter()
         self.last_chat_request: dict | None = None
+        self.generate_prompts: list[str] = []  # each /generate prompt, decoded
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -108,8 +129,15 @@ class Loopback:
             return error
         params = body.get("sampling_params") or {}
         eot = (params.get("stop_token_ids") or [0])[0]
-        answer = self.tokenizer(f"Answer {sum(ids) % 997} of {len(ids)}.", add_special_tokens=False)["input_ids"]
-        output = [*answer, eot]
+        prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
+        self.generate_prompts.append(prompt)
+        answer = "Considering it.</think>" if prompt.endswith("<think>") else ""
+        call = self._scripted_call(prompt, lambda trigger_at: self.markers.section_begin in prompt[trigger_at:])
+        if call is None:
+            answer += f"Answer {sum(ids) % 997} of {len(ids)}."
+        else:
+            answer += self.markers.render([(call.name, call.arguments)], prompt.count(self.markers.call_begin))
+        output = [*self.tokenizer(answer, add_special_tokens=False)["input_ids"], eot]
         limit = params.get("max_new_tokens", 128)
         finish = {"type": "stop", "matched": eot} if len(output) <= limit else {"type": "length", "length": limit}
         output = output[:limit]
@@ -117,6 +145,14 @@ class Loopback:
         self.status_counts["200"] += 1
         meta = {"finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": len(output)}
         return web.json_response({"text": "", "output_ids": output, "meta_info": meta})
+
+    def _scripted_call(self, text: str, called_since) -> ScriptedCall | None:
+        """The script entry whose trigger occurs last in `text`, unless `called_since(its position)`."""
+        found = [(text.rfind(c.trigger), c) for c in self.tool_script if c.trigger in text]
+        if not found:
+            return None
+        at, call = max(found, key=lambda pair: pair[0])
+        return None if called_since(at) else call
 
     async def chat(self, request: web.Request) -> web.Response:
         if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
@@ -136,16 +172,27 @@ class Loopback:
         content = f"Reply to: {last_user[:40]}"
         completion = len(content.split()) + 4
         finish = "length" if completion > body.get("max_tokens", 1 << 30) else "stop"
+        call = None
+        if body.get("tools"):
+            after_user = len(body["messages"]) - [m["role"] for m in reversed(body["messages"])].index("user")
+            call = self._scripted_call(last_user, lambda _: len(body["messages"]) > after_user)
         self.completed[key] += 1
         self.status_counts["200"] += 1
         usage = {
-            "prompt_tokens": sum(len(m["content"].split()) for m in body["messages"]),
+            "prompt_tokens": sum(len((m.get("content") or "").split()) for m in body["messages"]),
             "completion_tokens": completion,
             "completion_tokens_details": {"reasoning_tokens": 4},
             "cost": 0.001,
         }
         reasoning = "Considering it." if (body.get("reasoning") or {}).get("enabled") else None
         choice = {"message": {"role": "assistant", "content": content, "reasoning": reasoning}}
+        if call is not None:
+            call_id = f"call_{hashlib.sha256(key.encode()).hexdigest()[:8]}"  # an OpenAI-style id, not Kimi's
+            function = {"name": call.name, "arguments": call.arguments}
+            choice["message"].update(
+                content=None, tool_calls=[{"id": call_id, "type": "function", "function": function}]
+            )
+            finish = "tool_calls"
         return web.json_response(
             {
                 "provider": "Loopback",

@@ -1,22 +1,26 @@
 """Stage 1: raw chat records in their own format -> normalized, deduplicated prompts.
 
 A prompt keeps the system message and the user turns of a conversation; the original
-assistant turns are dropped because the target model regenerates them. A conversation
-is cut before its first tool message, since a tool result answers the original
-assistant's call, not the regenerated one.
+assistant turns are dropped because the target model regenerates them. Tool conversations
+keep their declared tools and their recorded calls and results in OpenAI layout, with
+Kimi's call ids: generation compares the regenerated calls with them and reuses the
+results of those that match (docs/formats.md).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
 from .io import InputError, iter_records, write_json, write_jsonl_zst
+from .tool_calls import openai_call, openai_tool
 
 SHAREGPT_ROLES = {
     "human": "user",
@@ -28,7 +32,7 @@ SHAREGPT_ROLES = {
     "bing": "assistant",
     "model": "assistant",
     "system": "system",
-    "function_call": "tool",
+    "function_call": "assistant",
     "observation": "tool",
     "tool": "tool",
     "function": "tool",
@@ -43,6 +47,11 @@ OPENAI_ROLES = {
 }
 GLAIVE_MARKERS = re.compile(r"(USER:|ASSISTANT:|FUNCTION RESPONSE:)")
 GLAIVE_ROLES = {"USER:": "user", "ASSISTANT:": "assistant", "FUNCTION RESPONSE:": "tool"}
+GLAIVE_CALL = "<functioncall>"
+# glaive writes a call's arguments as a single-quoted JSON string: {"name": "f", "arguments": '{"a": 1}'}
+GLAIVE_QUOTED_CALL = re.compile(
+    r"""^\{\s*"name"\s*:\s*"(?P<name>[^"]+)"\s*,\s*"arguments"\s*:\s*'(?P<arguments>.*)'\s*\}$""", re.S
+)
 
 
 class SkipRecord(Exception):
@@ -51,6 +60,15 @@ class SkipRecord(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+@dataclass
+class Parsed:
+    """A record's conversation in OpenAI layout (calls with their source ids, not yet Kimi's)."""
+
+    messages: list[dict]
+    tools: list[dict] | None = None
+    cut: str | None = None  # why the conversation ends before the record's does (counted)
 
 
 def _text(content) -> str:
@@ -64,51 +82,155 @@ def _text(content) -> str:
     raise SkipRecord("unsupported_content")
 
 
-def _parse_turns(record: dict, list_key: str, role_key: str, content_key: str, roles: dict) -> list[dict]:
+def _json_value(value):
+    """A value that may arrive JSON-encoded as a string (ShareGPT tools, OpenAI arguments)."""
+    if isinstance(value, str):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            raise SkipRecord("tool_json_unparsed") from None
+    return value
+
+
+def _tools(value) -> list[dict] | None:
+    definitions = _json_value(value) if value else None
+    if not definitions:
+        return None
+    try:
+        return [openai_tool(d) for d in definitions]
+    except (ValueError, TypeError, AttributeError):
+        raise SkipRecord("tool_definition_unparsed") from None
+
+
+def _call(name, arguments, source_id=None) -> dict:
+    """A recorded call, its arguments as compact JSON text.
+
+    Raises SkipRecord when its name or arguments cannot be read; the parsers then cut the
+    conversation before that turn (`cut_tool_call_unparsed`).
+    """
+    if not isinstance(name, str) or not name:
+        raise SkipRecord("tool_call_unparsed")
+    arguments = _json_value(arguments if arguments is not None else {})
+    return {"id": source_id, "name": name, "arguments": orjson.dumps(arguments).decode()}
+
+
+def _openai_calls(message: dict) -> list[dict]:
+    calls = [
+        _call(c["function"]["name"], c["function"].get("arguments"), c.get("id"))
+        for c in message.get("tool_calls") or ()
+    ]
+    if message.get("function_call"):  # the legacy single call
+        calls.append(_call(message["function_call"]["name"], message["function_call"].get("arguments")))
+    return calls
+
+
+def _sharegpt_calls(value: str) -> list[dict]:
+    calls = _json_value(value)
+    calls = calls if isinstance(calls, list) else [calls]
+    return [_call(c.get("name"), c.get("arguments")) for c in calls]
+
+
+def _parse_turns(record: dict, list_key: str, role_key: str, content_key: str, roles: dict) -> Parsed:
     turns = record.get(list_key)
     if not isinstance(turns, list):
         raise KeyError(list_key)
     messages = []
     for turn in turns:
-        role = roles.get(str(turn.get(role_key, "")).lower())
+        source_role = str(turn.get(role_key, "")).lower()
+        role = roles.get(source_role)
         if role is None:
             raise SkipRecord("unknown_role")
-        messages.append({"role": role, "content": _text(turn.get(content_key))})
-    return messages
+        message = {"role": role, "content": _text(turn.get(content_key))}
+        try:
+            if source_role == "function_call":
+                message.update(content="", tool_calls=_sharegpt_calls(turn.get(content_key)))
+            elif role == "assistant" and (turn.get("tool_calls") or turn.get("function_call")):
+                message["tool_calls"] = _openai_calls(turn)
+        except (SkipRecord, KeyError, TypeError, AttributeError):
+            return Parsed(messages, cut="tool_call_unparsed")
+        if role == "tool":
+            message.update({k: turn[k] for k in ("tool_call_id", "name") if turn.get(k)})
+        messages.append(message)
+    return Parsed(messages)
 
 
-def parse_sharegpt(record: dict) -> list[dict]:
-    return _parse_turns(record, "conversations", "from", "value", SHAREGPT_ROLES)
+def parse_sharegpt(record: dict) -> Parsed:
+    parsed = _parse_turns(record, "conversations", "from", "value", SHAREGPT_ROLES)
+    parsed.tools = _tools(record.get("tools"))
+    return parsed
 
 
-def parse_openai(record: dict) -> list[dict]:
-    return _parse_turns(record, "messages", "role", "content", OPENAI_ROLES)
+def parse_openai(record: dict) -> Parsed:
+    parsed = _parse_turns(record, "messages", "role", "content", OPENAI_ROLES)
+    parsed.tools = _tools(record.get("tools") or record.get("functions"))
+    return parsed
 
 
-def parse_alpaca(record: dict) -> list[dict]:
+def parse_alpaca(record: dict) -> Parsed:
     instruction = record["instruction"]
     extra = record.get("input") or ""
     user = f"{instruction}\n\n{extra}" if extra.strip() else instruction
     messages = [{"role": "user", "content": user}, {"role": "assistant", "content": record.get("output") or ""}]
     if record.get("system"):
         messages.insert(0, {"role": "system", "content": record["system"]})
-    return messages
+    return Parsed(messages)
 
 
-def parse_glaive(record: dict) -> list[dict]:
+def glaive_system(system: str) -> tuple[str, list[dict] | None]:
+    """glaive's system prompt -> its prose and the function definitions (JSON objects) after it."""
+    text = system.strip().removeprefix("SYSTEM:").strip()
+    start = text.find("{")
+    if start < 0:
+        return text, None
+    decoder, definitions, at = json.JSONDecoder(), [], start
+    try:
+        while at < len(text):
+            definition, at = decoder.raw_decode(text, at)
+            definitions.append(definition)
+            at = len(text) - len(text[at:].lstrip())
+    except json.JSONDecodeError:
+        raise SkipRecord("tool_definition_unparsed") from None
+    # The prose introduces the list ("... Use them if required -"); the template declares the tools.
+    return text[:start].rstrip().removesuffix("-").rstrip(), _tools(definitions)
+
+
+def glaive_call(text: str) -> dict | None:
+    """A glaive `<functioncall>` body -> a recorded call; None when its arguments are not JSON."""
+    try:
+        call = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        call = None
+    if not isinstance(call, dict):
+        quoted = GLAIVE_QUOTED_CALL.match(text)
+        if quoted is None:
+            return None
+        # Some arguments escape their apostrophes as \' inside the quotes, which JSON does not allow.
+        call = {"name": quoted["name"], "arguments": quoted["arguments"].replace("\\'", "'")}
+    try:
+        return _call(call.get("name"), call.get("arguments"))
+    except SkipRecord:
+        return None
+
+
+def parse_glaive(record: dict) -> Parsed:
     chat = record["chat"]
-    messages = []
-    system = (record.get("system") or "").strip()
-    if system:
-        messages.append({"role": "system", "content": system.removeprefix("SYSTEM:").strip()})
+    system, tools = glaive_system(record.get("system") or "")
+    messages = [{"role": "system", "content": system}] if system else []
     pieces = GLAIVE_MARKERS.split(chat)
     for marker, body in zip(pieces[1::2], pieces[2::2], strict=True):
         body = body.replace("<|endoftext|>", "").strip()
-        messages.append({"role": GLAIVE_ROLES[marker], "content": body})
-    return messages
+        message = {"role": GLAIVE_ROLES[marker], "content": body}
+        if message["role"] == "assistant" and GLAIVE_CALL in body:
+            content, _, call_text = body.partition(GLAIVE_CALL)
+            call = glaive_call(call_text.strip())
+            if call is None:
+                return Parsed(messages, tools, cut="tool_call_unparsed")
+            message = {"role": "assistant", "content": content.strip(), "tool_calls": [call]}
+        messages.append(message)
+    return Parsed(messages, tools)
 
 
-PARSERS: dict[str, Callable[[dict], list[dict]]] = {
+PARSERS: dict[str, Callable[[dict], Parsed]] = {
     "sharegpt": parse_sharegpt,
     "openai": parse_openai,
     "alpaca": parse_alpaca,
@@ -135,13 +257,51 @@ def detect_format(record: dict) -> str | None:
     return None
 
 
+def link_tool_calls(messages: list[dict]) -> tuple[list[dict], str | None]:
+    """Give recorded calls Kimi's ids and point each result at its call.
+
+    A result names its call by the source's id, else it answers the earliest open call (of its
+    `name`, when it has one). Returns the messages up to the first result that answers no open
+    call, and that reason.
+    """
+    linked, open_calls, by_source_id, index = [], [], {}, 0
+    for message in messages:
+        if message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                calls.append(openai_call(call["name"], call["arguments"], index))
+                index += 1
+                if call.get("id"):
+                    by_source_id[call["id"]] = calls[-1]
+            open_calls.extend(calls)
+            linked.append({"role": "assistant", "content": message["content"], "tool_calls": calls})
+        elif message["role"] == "tool":
+            call = by_source_id.get(message.get("tool_call_id")) or next(
+                (c for c in open_calls if message.get("name") in (None, c["function"]["name"])), None
+            )
+            if call not in open_calls:
+                return linked, "tool_result_unmatched"
+            open_calls.remove(call)
+            name = call["function"]["name"]
+            linked.append({"role": "tool", "tool_call_id": call["id"], "name": name, "content": message["content"]})
+        else:
+            linked.append(message)
+    return linked, None
+
+
 def prompt_messages(messages: list[dict], system_prompt: str | None) -> list[dict]:
-    """Keep system and user turns up to the first tool message; add a default system prompt."""
+    """Keep system and user turns, and recorded tool calls with their results; add a default system prompt.
+
+    Plain assistant turns are dropped: the target model regenerates them.
+    """
     kept = []
     for message in messages:
         role = message["role"]
-        if role == "tool":
-            break
+        if role == "tool" or message.get("tool_calls"):
+            if not any(m["role"] == "user" for m in kept):
+                raise SkipRecord("tool_call_before_user")
+            kept.append(message)
+            continue
         if role == "assistant":
             continue
         content = message["content"].strip()
@@ -160,9 +320,15 @@ def prompt_messages(messages: list[dict], system_prompt: str | None) -> list[dic
     return kept
 
 
-def conversation_id(messages: Sequence[dict]) -> str:
-    """Stable content id: equal prompts get equal ids, which is also how duplicates are found."""
-    canonical = orjson.dumps([[m["role"], m["content"]] for m in messages])
+def conversation_id(messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
+    """Stable content id: equal prompts get equal ids, which is also how duplicates are found.
+
+    A prompt with tools or recorded calls hashes them too; one without keeps its earlier id.
+    """
+    if tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+        canonical = orjson.dumps({"tools": tools or [], "messages": messages}, option=orjson.OPT_SORT_KEYS)
+    else:
+        canonical = orjson.dumps([[m["role"], m["content"]] for m in messages])
     return hashlib.sha256(canonical).hexdigest()[:24]
 
 
@@ -171,7 +337,7 @@ def shard_of(prompt_id: str, shards: int) -> int:
 
 
 def normalize(source: str | Path, fmt: str, system_prompt: str | None, stats: Counter) -> Iterator[dict]:
-    """Yield normalized prompts from `source` in source order, counting what is skipped."""
+    """Yield normalized prompts from `source` in source order, counting what is skipped or cut."""
     if fmt not in FORMATS:
         raise InputError(source, None, f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
     for line_no, record in iter_records(source):
@@ -185,7 +351,9 @@ def normalize(source: str | Path, fmt: str, system_prompt: str | None, stats: Co
                 f"set the partition's format to one of {', '.join(PARSERS)}",
             )
         try:
-            messages = prompt_messages(PARSERS[record_format](record), system_prompt)
+            parsed = PARSERS[record_format](record)
+            messages, unmatched = link_tool_calls(parsed.messages)
+            messages = prompt_messages(messages, system_prompt)
         except SkipRecord as skip:
             stats[f"skipped_{skip.reason}"] += 1
             continue
@@ -196,10 +364,15 @@ def normalize(source: str | Path, fmt: str, system_prompt: str | None, stats: Co
                 f"not a {record_format} record ({type(exc).__name__}: {exc})",
                 f"a {record_format} record needs {REQUIRED_KEYS[record_format]}; check the partition's format",
             ) from None
+        for cut in filter(None, (parsed.cut, unmatched)):
+            stats[f"cut_{cut}"] += 1
         source_info = {"file": str(source), "line": line_no, "format": record_format}
         if record.get("id") is not None:
             source_info["id"] = str(record["id"])
-        yield {"id": conversation_id(messages), "messages": messages, "source": source_info}
+        prompt = {"id": conversation_id(messages, parsed.tools), "messages": messages, "source": source_info}
+        if parsed.tools:
+            prompt["tools"] = parsed.tools
+        yield prompt
 
 
 def build_prompts(
@@ -231,6 +404,10 @@ def build_prompts(
         "prompts": len(seen),
         "per_shard": [len(rows) for rows in shards],
         "multi_turn": sum(1 for rows in shards for p in rows if _user_turns(p) > 1),
+        "with_tools": sum(1 for rows in shards for p in rows if p.get("tools")),
+        "recorded_tool_calls": sum(
+            len(m.get("tool_calls") or ()) for rows in shards for p in rows for m in p["messages"]
+        ),
         **dict(sorted(stats.items())),
     }
     write_json(stats_path, result)

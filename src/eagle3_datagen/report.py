@@ -79,6 +79,9 @@ def partition_summary(
             "backend": sorted({r["backend"] for r in responses}),
             "status": _merge([r["status"] for r in responses]),
             "finish_reasons": _merge([r["finish_reasons"] for r in responses]),
+            # calls regenerated, matched with the recorded ones, diverged; recorded results reused
+            "tool_calls": _merge([r.get("tool_calls", {}) for r in responses]),
+            "ended": _merge([r.get("ended", {}) for r in responses]),
             "usage": _merge([r["usage"] for r in responses]),
             "throughput": _rate([r.get("throughput", {}) for r in responses], "completion_tokens"),
             "lengths": _lengths(responses),

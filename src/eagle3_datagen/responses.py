@@ -1,16 +1,18 @@
 """Stage 2: the target model regenerates every assistant turn of each prompt.
 
 A backend answers one batch of conversations at a time (`Backend.generate`). This module
-owns the multi-turn loop: the assistant turn after each user turn is generated in order,
-on the regenerated history, and a conversation stops at its first truncated or malformed
-turn.
+owns the multi-turn loop (`Conversation`): the assistant turn after each user turn is
+generated in order, on the regenerated history, and a conversation stops at its first
+truncated or malformed turn. A turn that calls tools goes on only where the prompt recorded
+the same calls at that point: their recorded results are appended and the model answers
+again; otherwise the conversation ends at that call, with the reason counted.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +20,11 @@ from typing import Protocol
 
 from .histograms import histogram
 from .io import read_jsonl, write_json, write_jsonl_zst
+from .tool_calls import same_call
 
 log = logging.getLogger(__name__)
+
+TOOL_COUNTS = ("regenerated", "matched", "diverged", "results_reused", "recorded_not_called")
 
 
 @dataclass
@@ -28,10 +33,11 @@ class Turn:
 
     content: str
     reasoning: str
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "tool_calls"
     usage: dict
     output_ids: list[int] | None = None
     malformed: str | None = None  # why the output cannot be rendered back, e.g. "think_block"
+    tool_calls: list[dict] | None = None  # OpenAI layout, Kimi ids
     extra: dict = field(default_factory=dict)
 
     def as_message(self, turn_index: int) -> dict:
@@ -44,6 +50,8 @@ class Turn:
             "turn": turn_index,
             **self.extra,
         }
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
         if self.output_ids is not None:
             message["output_ids"] = self.output_ids
         if self.malformed:
@@ -52,35 +60,142 @@ class Turn:
 
     @property
     def status(self) -> str:
-        if self.finish_reason != "stop":
+        if self.finish_reason not in ("stop", "tool_calls"):
             return "truncated"
         return "malformed" if self.malformed else "ok"
+
+
+def finish_reason(stopped: bool, tool_calls: list[dict] | None) -> str:
+    if not stopped:
+        return "length"
+    return "tool_calls" if tool_calls else "stop"
 
 
 class Backend(Protocol):
     name: str
     model: str
 
-    def generate(self, conversations: Sequence[list[dict]]) -> list[Turn]:
-        """Generate the next assistant turn for each conversation (each ends with a user turn)."""
+    def generate(self, conversations: Sequence[list[dict]], tools: Sequence[list[dict] | None]) -> list[Turn]:
+        """The next assistant turn of each conversation (each ends with a user turn or tool results),
+        with the tools each declares."""
         ...
 
 
-def interleave(prompt_messages: list[dict], replies: list[dict]) -> list[dict]:
-    """System and user turns with the i-th reply after the i-th user turn.
+@dataclass
+class _Step:
+    """A recorded assistant turn's calls and the results recorded for them (by call id)."""
 
-    Stops after the first user turn that has no reply: that is the turn to generate next,
-    or, in a finished row, the turn never reached because an earlier one was truncated.
+    calls: list[dict]
+    results: dict[str, dict] = field(default_factory=dict)
+
+
+class Conversation:
+    """One prompt regenerated turn by turn.
+
+    The prompt's system and user turns are sent in order; after each user turn the model
+    answers. The recorded tool-call turns after a user turn form a chain: a regenerated turn
+    whose calls equal the next recorded ones (same functions, arguments equal as JSON) gets
+    their recorded results, its own call ids in `tool_call_id`, and the model answers again.
+    A turn whose calls differ, or come where nothing was recorded, or lack a recorded result,
+    ends the conversation (`ended`). A plain answer moves on to the next user turn.
     """
-    messages, pending = [], iter(replies)
-    for message in prompt_messages:
-        messages.append(message)
-        if message["role"] == "user":
-            reply = next(pending, None)
-            if reply is None:
-                break
-            messages.append(reply)
-    return messages
+
+    def __init__(self, prompt: dict):
+        self.prompt = prompt
+        self.tools = prompt.get("tools")
+        self.messages: list[dict] = []
+        self.status = "ok"
+        self.ended: str | None = None
+        self.error: str | None = None
+        self.counts: Counter = Counter()
+        self._turns = 0
+        self._segments: deque[tuple[list[dict], list[_Step]]] = deque()
+        leading: list[dict] = []
+        for message in prompt["messages"]:
+            if message["role"] == "user":
+                self._segments.append(([*leading, message], []))
+                leading = []
+            elif message.get("tool_calls"):
+                self._segments[-1][1].append(_Step(message["tool_calls"]))
+            elif message["role"] == "tool":
+                self._segments[-1][1][-1].results[message["tool_call_id"]] = message
+            else:
+                leading.append(message)
+        self._chain: list[_Step] = []
+        self.done = False
+        self._next_user_turn()
+
+    def _next_user_turn(self) -> None:
+        if self._chain:
+            self.counts["recorded_not_called"] += sum(len(step.calls) for step in self._chain)
+        if not self._segments:
+            self.done = True
+            return
+        messages, self._chain = self._segments.popleft()
+        self.messages.extend(messages)
+
+    def _end(self, reason: str) -> None:
+        self.ended, self.done = reason, True
+
+    def fail(self, error: str) -> None:
+        self.status, self.error, self.done = "failed", error, True
+
+    def add(self, turn: Turn) -> None:
+        """Record the model's answer to `self.messages` and move to what it asks for next."""
+        self.messages.append(turn.as_message(self._turns))
+        self._turns += 1
+        if turn.status != "ok":
+            self.status, self.done = turn.status, True
+            return
+        calls = turn.tool_calls or []
+        if not calls:
+            self._next_user_turn()
+            return
+        self.counts["regenerated"] += len(calls)
+        if not self._chain:
+            self.counts["diverged"] += len(calls)
+            self._end("tool_call_unrecorded")
+            return
+        step = self._chain.pop(0)
+        unused = list(step.calls)
+        twins = []
+        for call in calls:
+            twin = next((r for r in unused if same_call(call, r)), None)
+            if twin is not None:
+                unused.remove(twin)
+            twins.append(twin)
+        matched = sum(t is not None for t in twins)
+        self.counts["matched"] += matched
+        self.counts["diverged"] += len(calls) - matched
+        if matched < len(calls) or unused:
+            self._end("tool_call_diverged")
+            return
+        results = [step.results.get(twin["id"]) for twin in twins]
+        if None in results:
+            self._end("tool_result_missing")
+            return
+        for call, result in zip(calls, results, strict=True):
+            self.messages.append({**result, "tool_call_id": call["id"], "name": call["function"]["name"]})
+        self.counts["results_reused"] += len(results)
+
+    def row(self, backend: str, model: str) -> dict:
+        row = {
+            "id": self.prompt["id"],
+            "messages": through_last_reply(self.messages),
+            "source": self.prompt["source"],
+            "backend": backend,
+            "model": model,
+            "status": self.status,
+        }
+        if self.tools:
+            row["tools"] = self.tools
+        if self.ended:
+            row["ended"] = self.ended
+        if +self.counts:
+            row["tool_call_counts"] = dict(+self.counts)
+        if self.error is not None:
+            row["error"] = self.error
+        return row
 
 
 def through_last_reply(messages: list[dict]) -> list[dict]:
@@ -92,29 +207,15 @@ def through_last_reply(messages: list[dict]) -> list[dict]:
 
 def regenerate(prompts: list[dict], backend: Backend) -> list[dict]:
     """Regenerate all assistant turns of `prompts`; returns response rows in prompt order."""
-    replies: dict[str, list[dict]] = {p["id"]: [] for p in prompts}
-    status = {p["id"]: "ok" for p in prompts}
-    user_turns = {p["id"]: sum(m["role"] == "user" for m in p["messages"]) for p in prompts}
-    for turn_index in range(max(user_turns.values(), default=0)):
-        pending = [p for p in prompts if status[p["id"]] == "ok" and user_turns[p["id"]] > turn_index]
-        if not pending:
-            break
-        log.info("user turn %d: generating %d responses", turn_index + 1, len(pending))
-        histories = [interleave(p["messages"], replies[p["id"]]) for p in pending]
-        for prompt, turn in zip(pending, backend.generate(histories), strict=True):
-            replies[prompt["id"]].append(turn.as_message(turn_index))
-            status[prompt["id"]] = turn.status
-    return [
-        {
-            "id": p["id"],
-            "messages": through_last_reply(interleave(p["messages"], replies[p["id"]])),
-            "source": p["source"],
-            "backend": backend.name,
-            "model": backend.model,
-            "status": status[p["id"]],
-        }
-        for p in prompts
-    ]
+    conversations = [Conversation(p) for p in prompts]
+    step = 0
+    while pending := [c for c in conversations if not c.done]:
+        step += 1
+        log.info("step %d: generating %d responses", step, len(pending))
+        turns = backend.generate([c.messages for c in pending], [c.tools for c in pending])
+        for conversation, turn in zip(pending, turns, strict=True):
+            conversation.add(turn)
+    return [c.row(backend.name, backend.model) for c in conversations]
 
 
 def regenerated_turns(rows: list[dict]) -> list[dict]:
@@ -127,11 +228,16 @@ def response_stats(rows: list[dict]) -> dict:
     usage = Counter()
     for message in turns:
         usage.update({k: v for k, v in message["usage"].items() if isinstance(v, int | float)})
+    tool_calls = Counter(dict.fromkeys(TOOL_COUNTS, 0))
+    for row in rows:
+        tool_calls.update(row.get("tool_call_counts", {}))
     return {
         "prompts": len(rows),
         "status": dict(Counter(r["status"] for r in rows)),
+        "ended": dict(Counter(r["ended"] for r in rows if r.get("ended"))),
         "finish_reasons": dict(finish),
         "assistant_turns": len(turns),
+        "tool_calls": dict(tool_calls),
         "usage": dict(usage),
         # Per regenerated turn; reasoning in characters, since text-only backends return no token count for it.
         "lengths": {

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import torch
 
-from ..chat import load_tokenizer, render_ids, resolve_special_tokens, split_output_ids
+from ..chat import load_tokenizer, resolve_special_tokens, split_output_ids
 from ..models import load_causal_lm
-from ..responses import Turn
+from ..responses import Turn, finish_reason
+from .rendered import ToolCallReader, generation_prompt_ids
 
 
 class HFBackend:
@@ -23,6 +24,7 @@ class HFBackend:
         self.specials = resolve_special_tokens(
             self.tokenizer, model_settings.get("special_tokens"), self.template_kwargs
         )
+        self.tool_calls = ToolCallReader(self.tokenizer, self.template_kwargs)
         self.lm = load_causal_lm(model_path, settings, trust)
         self.sampling = sampling
         self.batch_size = settings.get("batch_size", 8)
@@ -45,8 +47,13 @@ class HFBackend:
         return kwargs
 
     @torch.inference_mode()
-    def generate(self, conversations: Sequence[list[dict]]) -> list[Turn]:
-        prompts = [render_ids(self.tokenizer, c, True, self.template_kwargs) for c in conversations]
+    def generate(self, conversations: Sequence[list[dict]], tools: Sequence[list[dict] | None]) -> list[Turn]:
+        for declared in tools:
+            self.tool_calls.check(declared)
+        prompts = [
+            generation_prompt_ids(self.tokenizer, c, t, self.template_kwargs)
+            for c, t in zip(conversations, tools, strict=True)
+        ]
         # Length-sorted batches keep left padding small.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[Turn | None] = [None] * len(prompts)
@@ -63,20 +70,22 @@ class HFBackend:
             torch.manual_seed(self.seed + start)
             out = self.lm.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
             for row, i in enumerate(batch):
-                results[i] = self._turn(prompts[i], out[row, longest:].tolist())
+                results[i] = self._turn(prompts[i], out[row, longest:].tolist(), conversations[i], tools[i])
         return results
 
-    def _turn(self, prompt_ids: list[int], generated: list[int]) -> Turn:
+    def _turn(self, prompt_ids: list[int], generated: list[int], history: list[dict], tools: list | None) -> Turn:
         eot = self.specials.end_of_turn_id
         output_ids = generated[: generated.index(eot) + 1] if eot in generated else generated
         # Rows that stopped early are padded after their end-of-turn token; cut there.
         parsed = split_output_ids(self.tokenizer, output_ids, self.specials, prompt_ids)
+        content, calls, calls_malformed = self.tool_calls.split(parsed.content, history, tools)
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids)}
         return Turn(
-            content=parsed.content,
+            content=content,
             reasoning=parsed.reasoning,
-            finish_reason="stop" if parsed.stopped else "length",
+            finish_reason=finish_reason(parsed.stopped, calls),
             usage=usage,
             output_ids=output_ids,
-            malformed=None if parsed.well_formed else "think_block",
+            malformed="think_block" if not parsed.well_formed else calls_malformed,
+            tool_calls=calls or None,
         )

@@ -1,5 +1,9 @@
 """OpenRouter's OpenAI-compatible chat completions: text only, priced, highly concurrent.
 
+Tools are declared in the request's `tools`; the calls the model makes come back in
+`message.tool_calls` and are stored with Kimi's call ids (`functions.{name}:{index}`), which
+is also how the history sends them back.
+
 The API key is read from the environment variable named by `api_key_env` and lives only in
 the HTTP session's headers: never in settings, logs, outputs or error messages.
 """
@@ -7,9 +11,11 @@ the HTTP session's headers: never in settings, logs, outputs or error messages.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
-from ..responses import Turn
+from ..responses import Turn, finish_reason
+from ..tool_calls import calls_before, openai_call
 from .client import JsonClient
 from .http import RetryableError, RetryPolicy
 
@@ -72,10 +78,10 @@ class OpenRouterBackend:
     async def __aexit__(self, *exc) -> None:
         await self.client.close()
 
-    def _payload(self, messages: list[dict]) -> dict:
+    def _payload(self, messages: list[dict], tools: list[dict] | None) -> dict:
         payload = {
             "model": self.model,
-            "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+            "messages": [request_message(m) for m in messages],
             "max_tokens": self.max_tokens,
             "temperature": self.sampling.get("temperature", 0.0),
             "top_p": self.sampling.get("top_p", 1.0),
@@ -87,19 +93,30 @@ class OpenRouterBackend:
             payload["seed"] = self.sampling["seed"]
         if self.provider:
             payload["provider"] = self.provider
+        if tools:
+            payload["tools"] = tools
         return payload
 
-    async def generate(self, messages: list[dict]) -> Turn:
+    async def generate(self, messages: list[dict], tools: list[dict] | None = None) -> Turn:
         async with self._slots:
-            body, attempts = await self.client.post("/chat/completions", self._payload(messages), _check_completion)
+            body, attempts = await self.client.post(
+                "/chat/completions", self._payload(messages, tools), _check_completion
+            )
         choice = body["choices"][0]
         message = choice["message"]
         usage = body.get("usage") or {}
         details = usage.get("completion_tokens_details") or {}
+        first = calls_before(messages)
+        calls = [
+            openai_call(call["function"]["name"], _arguments(call["function"].get("arguments")), first + i)
+            for i, call in enumerate(message.get("tool_calls") or ())
+        ]
+        extra = {"reasoning_details": message["reasoning_details"]} if message.get("reasoning_details") else {}
         return Turn(
             content=message.get("content") or "",
             reasoning=message.get("reasoning") or "",
-            finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+            finish_reason=finish_reason(choice.get("finish_reason") != "length", calls),
+            tool_calls=calls or None,
             usage={
                 "prompt_tokens": usage.get("prompt_tokens", 0),
                 "completion_tokens": usage.get("completion_tokens", 0),
@@ -107,12 +124,29 @@ class OpenRouterBackend:
                 "cost": usage.get("cost", 0.0),
             },
             extra={
+                **extra,
                 "produced_by": {
                     "backend": self.name,
                     "provider": body.get("provider"),
                     "model": body.get("model"),
                     "attempts": attempts,
                     "finish_reason": choice.get("finish_reason"),
-                }
+                },
             },
         )
+
+
+def request_message(message: dict) -> dict:
+    """A history message as the chat API takes it: calls, results and reasoning details kept."""
+    sent = {"role": message["role"], "content": message["content"]}
+    for key in ("tool_calls", "tool_call_id", "name", "reasoning_details"):
+        if message.get(key):
+            sent[key] = message[key]
+    return sent
+
+
+def _arguments(arguments) -> str:
+    """A call's arguments as a JSON string (some providers send an object, or nothing)."""
+    if isinstance(arguments, str):
+        return arguments or "{}"
+    return json.dumps(arguments if arguments is not None else {})

@@ -1,9 +1,11 @@
 """A local SGLang server's native `/generate`: our rendering in, the exact output IDs back.
 
 The prompt is rendered by the model's own tokenizer and chat template with the generation
-prompt and sent as `input_ids`, so the response's `output_ids` are exactly what the model
-produced. Prompts up to `tiers.short.max_prompt_tokens` go through the short tier (high
-concurrency, smaller max tokens), longer ones through the long tier.
+prompt (the conversation's tools declared to the template) and sent as `input_ids`, so the
+response's `output_ids` are exactly what the model produced; tool calls are read from them as
+SGLang's own `kimi_k2` parser reads them (`tool_calls.ToolCallMarkers`). Prompts up to
+`tiers.short.max_prompt_tokens` go through the short tier (high concurrency, smaller max
+tokens), longer ones through the long tier.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ..chat import load_tokenizer, render_ids, resolve_special_tokens, split_output_ids
-from ..responses import Turn
+from ..chat import load_tokenizer, resolve_special_tokens, split_output_ids
+from ..responses import Turn, finish_reason
 from .client import JsonClient
 from .http import RetryableError, RetryPolicy
+from .rendered import ToolCallReader, generation_prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +79,7 @@ class SGLangBackend:
         self.specials = resolve_special_tokens(
             self.tokenizer, model_settings.get("special_tokens"), self.template_kwargs
         )
+        self.tool_calls = ToolCallReader(self.tokenizer, self.template_kwargs)
         self.sampling = sampling
         self.short, self.long = tiers_from_config(settings, sampling["max_new_tokens"])
         self.concurrency = self.short.concurrency + self.long.concurrency
@@ -148,8 +152,9 @@ class SGLangBackend:
             },
         }
 
-    async def generate(self, messages: list[dict]) -> Turn:
-        prompt_ids = render_ids(self.tokenizer, messages, True, self.template_kwargs)
+    async def generate(self, messages: list[dict], tools: list[dict] | None = None) -> Turn:
+        self.tool_calls.check(tools)
+        prompt_ids = generation_prompt_ids(self.tokenizer, messages, tools, self.template_kwargs)
         tier = self.tier_for(len(prompt_ids))
         async with self._slots[tier.name]:
             body, attempts = await self.client.post("/generate", self._payload(prompt_ids, tier), _check_generation)
@@ -166,10 +171,11 @@ class SGLangBackend:
         parsed = split_output_ids(self.tokenizer, output_ids, self.specials, prompt_ids)
         think_end = self.specials.think_end_id
         reasoning_tokens = output_ids.index(think_end) + 1 if think_end in output_ids else 0
+        content, calls, calls_malformed = self.tool_calls.split(parsed.content, messages, tools)
         return Turn(
-            content=parsed.content,
+            content=content,
             reasoning=parsed.reasoning,
-            finish_reason="stop" if parsed.stopped else "length",
+            finish_reason=finish_reason(parsed.stopped, calls),
             usage={
                 "prompt_tokens": meta.get("prompt_tokens", len(prompt_ids)),
                 "completion_tokens": meta.get("completion_tokens", len(output_ids)),
@@ -177,7 +183,8 @@ class SGLangBackend:
                 "reasoning_tokens": reasoning_tokens,
             },
             output_ids=output_ids,
-            malformed=None if parsed.well_formed else "think_block",
+            malformed="think_block" if not parsed.well_formed else calls_malformed,
+            tool_calls=calls or None,
             extra={
                 "produced_by": {
                     "backend": self.name,
