@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from ..chat import load_tokenizer, resolve_special_tokens, split_output_ids
+from ..chat import load_tokenizer, render_generation_prompt, resolve_special_tokens, split_output_ids
 from ..models import load_causal_lm
 from ..responses import Turn, finish_reason
-from .rendered import ToolCallReader, generation_prompt_ids
+from .rendered import ToolCallReader
 
 
 class HFBackend:
@@ -51,7 +51,7 @@ class HFBackend:
         for declared in tools:
             self.tool_calls.check(declared)
         prompts = [
-            generation_prompt_ids(self.tokenizer, c, t, self.template_kwargs)
+            render_generation_prompt(self.tokenizer, c, t, self.template_kwargs)
             for c, t in zip(conversations, tools, strict=True)
         ]
         # Length-sorted batches keep left padding small.

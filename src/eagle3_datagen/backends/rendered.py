@@ -1,5 +1,5 @@
-"""What the backends that render prompts themselves (hf, SGLang) share: the generation prompt
-with the conversation's tools declared, and the tool calls read back from the output."""
+"""What the backends that render prompts themselves (hf, SGLang) share: the tool calls read back
+from the output (the prompt itself is `chat.render_generation_prompt`)."""
 
 from __future__ import annotations
 
@@ -7,28 +7,8 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from ..chat import TemplateError, encode, template_messages
+from ..chat import TemplateError
 from ..tool_calls import ToolCallMarkers, calls_before, derive_markers
-
-
-def generation_prompt_ids(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict], tools: list[dict] | None, template_kwargs: dict
-) -> list[int]:
-    """The conversation rendered with the generation prompt by the tokenizer's own
-    `apply_chat_template`, `tools` passed to it as a served model's chat endpoint passes them
-    (so a model's remote-code tokenizer renders them its own way).
-
-    The one place the generating backends render a prompt: it becomes
-    `chat.render_generation_prompt` once the tokens stage's shared function is on main.
-    """
-    text = tokenizer.apply_chat_template(
-        template_messages(messages),
-        tools=tools or None,
-        tokenize=False,
-        add_generation_prompt=True,
-        **template_kwargs,
-    )
-    return encode(tokenizer, text)
 
 
 class ToolCallReader:

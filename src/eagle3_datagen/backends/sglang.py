@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ..chat import load_tokenizer, resolve_special_tokens, split_output_ids
+from ..chat import load_tokenizer, render_generation_prompt, resolve_special_tokens, split_output_ids
 from ..responses import Turn, finish_reason
 from .client import JsonClient
 from .http import RetryableError, RetryPolicy
-from .rendered import ToolCallReader, generation_prompt_ids
+from .rendered import ToolCallReader
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class SGLangBackend:
 
     async def generate(self, messages: list[dict], tools: list[dict] | None = None) -> Turn:
         self.tool_calls.check(tools)
-        prompt_ids = generation_prompt_ids(self.tokenizer, messages, tools, self.template_kwargs)
+        prompt_ids = render_generation_prompt(self.tokenizer, messages, tools, self.template_kwargs)
         tier = self.tier_for(len(prompt_ids))
         async with self._slots[tier.name]:
             body, attempts = await self.client.post("/generate", self._payload(prompt_ids, tier), _check_generation)
