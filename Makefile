@@ -6,7 +6,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Cache compiled bytecode: every job imports torch and transformers afresh.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install demo test lint clean
+.PHONY: install demo tiny-kimi test lint clean
 
 install: $(VENV)/.installed
 
@@ -19,6 +19,9 @@ $(VENV)/.installed: envs/requirements.txt pyproject.toml
 
 demo: install
 	snakemake --profile profiles/local
+
+tiny-kimi: install
+	snakemake --profile profiles/local --configfile config/tiny-kimi.yaml
 
 test: install
 	pytest -q

@@ -3,6 +3,7 @@ if "demo" in config:
     rule build_demo_model:
         input:
             sources=[config["partitions"][p]["source"] for p in PARTITIONS],
+            tokenizer=config["demo"].get("tokenizer", []),
         output:
             directory(config["model"]["path"]),
         log:
@@ -14,10 +15,15 @@ if "demo" in config:
         threads: 2
         params:
             settings=wf.as_json(config["demo"]),
-            sources=" ".join(
-                f"--source {config['partitions'][p]['source']} {config['partitions'][p]['format']}"
-                for p in PARTITIONS
+            partitions=wf.as_json(
+                [
+                    {
+                        k: config["partitions"][p].get(k)
+                        for k in ("source", "format", "system_prompt")
+                    }
+                    for p in PARTITIONS
+                ]
             ),
         shell:
-            "python scripts/build_demo_model.py {params.sources} --out {output} "
+            "python scripts/build_demo_model.py --partitions {params.partitions:q} --out {output} "
             "--settings {params.settings:q} --threads {threads} > {log} 2>&1"

@@ -1,5 +1,7 @@
 #!/usr/bin/env python
-"""Build the embedded demo's tiny target model (Qwen3 tokenizer, fitted tiny Qwen3 LM)."""
+"""Build a demo's tiny target model, fitted to its partitions: Qwen3 (the embedded demo) or Kimi (DeepSeek-V3)."""
+
+import json
 
 from eagle3_datagen import cli
 from eagle3_datagen.demo import build_demo_model, training_conversations
@@ -8,17 +10,21 @@ from eagle3_datagen.demo import build_demo_model, training_conversations
 def main() -> None:
     p = cli.parser(__doc__)
     p.add_argument(
-        "--source",
-        nargs=2,
-        action="append",
-        metavar=("PATH", "FORMAT"),
+        "--partitions",
         required=True,
-        help="a demo data source and its format; repeatable",
+        type=json.loads,
+        help='the partitions to fit to, as JSON: [{"source", "format", "system_prompt"}, ...]',
     )
     p.add_argument("--out", required=True, help="model directory to write")
     args = p.parse_args()
     cli.setup(args)
-    facts = build_demo_model(training_conversations(args.source), args.out, args.settings)
+    if args.settings.get("architecture", "qwen3") == "deepseek_v3":
+        from eagle3_datagen.tiny_kimi import build_tiny_kimi
+
+        facts = build_tiny_kimi(args.partitions, args.out, args.settings)
+    else:
+        sources = [(part["source"], part["format"]) for part in args.partitions]
+        facts = build_demo_model(training_conversations(sources), args.out, args.settings)
     print(facts)
 
 

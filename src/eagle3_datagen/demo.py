@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import AddedToken
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from .chat import render_ids
 from .io import atomic_dir, iter_records
@@ -116,23 +116,24 @@ def tiny_qwen3_config(vocab_size: int, settings: dict) -> Qwen3Config:
     )
 
 
-def fit_to_conversations(
-    model: Qwen3ForCausalLM, sequences: list[list[int]], steps: int, learning_rate: float, seed: int
-) -> list[float]:
-    """A few full-batch AdamW steps on the demo conversations; returns the loss curve.
+def _length_groups(lengths: list[int], max_batch_tokens: int | None) -> list[list[int]]:
+    """Sequence indices in batches of similar length whose padded size stays within `max_batch_tokens`
+    (one batch of all, in order, when it is None)."""
+    if max_batch_tokens is None:
+        return [list(range(len(lengths)))]
+    groups: list[list[int]] = []
+    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if groups and (len(groups[-1]) + 1) * lengths[index] <= max_batch_tokens:
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return groups
 
-    Only the embedding rows of tokens the conversations use are trained (as a small local
-    table written back afterwards), and the softmax runs over those tokens: the full
-    151k-row table would dominate every step, and the rows that training grows win the
-    full-vocabulary argmax at generation time anyway.
-    """
-    torch.manual_seed(seed)
-    # The gradient of the row gather scatters with atomics unless asked not to: without this,
-    # two builds from the same seed differ, and so do the demo's generated responses.
-    was_deterministic = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    used = torch.tensor(sorted({t for seq in sequences for t in seq}))
-    local = {int(t): i for i, t in enumerate(used)}
+
+def _padded_batch(
+    sequences: list[list[int]], loss_masks: list[list[int]] | None, local: dict[int, int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Local token IDs, next-token targets (-100 where not trained) and the attention mask, right-padded."""
     longest = max(len(s) for s in sequences)
     ids = torch.zeros((len(sequences), longest), dtype=torch.long)
     targets = torch.full_like(ids, -100)
@@ -141,11 +142,53 @@ def fit_to_conversations(
         ids[row, : len(seq)] = torch.tensor([local[t] for t in seq])
         targets[row, : len(seq) - 1] = ids[row, 1 : len(seq)]
         mask[row, : len(seq)] = 1
-    table = model.get_input_embeddings().weight  # tied with the LM head
+        if loss_masks is not None:
+            untrained = torch.tensor(loss_masks[row][1:]) == 0
+            targets[row, : len(seq) - 1][untrained] = -100
+    return ids, targets, mask
+
+
+def fit_to_conversations(
+    model: PreTrainedModel,
+    sequences: list[list[int]],
+    steps: int,
+    learning_rate: float,
+    seed: int,
+    loss_masks: list[list[int]] | None = None,
+    max_batch_tokens: int | None = None,
+) -> list[float]:
+    """A few full-batch AdamW steps on the demo conversations; returns the loss curve.
+
+    Only the embedding (and, when untied, LM head) rows of tokens the conversations use are
+    trained (as small local tables written back afterwards), and the softmax runs over those
+    tokens: the full 150k-row tables would dominate every step, and the rows that training
+    grows win the full-vocabulary argmax at generation time anyway. `loss_masks` (1 = trained)
+    pick the positions whose next token is learned; without them, every position is. With
+    `max_batch_tokens`, each step accumulates the gradient over batches of similar length, so
+    a few long sequences do not pad every short one.
+    """
+    torch.manual_seed(seed)
+    # The gradient of the row gather scatters with atomics unless asked not to: without this,
+    # two builds from the same seed differ, and so do the demo's generated responses.
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    used = torch.tensor(sorted({t for seq in sequences for t in seq}))
+    local = {int(t): i for i, t in enumerate(used)}
+    batches = [
+        _padded_batch([sequences[i] for i in group], loss_masks and [loss_masks[i] for i in group], local)
+        for group in _length_groups([len(s) for s in sequences], max_batch_tokens)
+    ]
+    counted = [int((targets != -100).sum()) for _, targets, _ in batches]
+    table = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    tied = head is table
     rows = torch.nn.Parameter(table.detach()[used].clone())
+    head_rows = rows if tied else torch.nn.Parameter(head.detach()[used].clone())
     table.requires_grad_(False)
+    head.requires_grad_(False)
     body = [p for name, p in model.model.named_parameters() if not name.startswith("embed_tokens")]
-    optimizer = torch.optim.AdamW([*body, rows], lr=learning_rate, weight_decay=0.0)
+    trained = [*body, rows] if tied else [*body, rows, head_rows]
+    optimizer = torch.optim.AdamW(trained, lr=learning_rate, weight_decay=0.0)
     # Full-batch steps at a high rate spike now and then: clip them, and decay the rate over the
     # last quarter so the fit ends at a low loss rather than wherever the last step bounced to.
     decay_from = steps - steps // 4
@@ -155,17 +198,25 @@ def fit_to_conversations(
     model.train()
     losses = []
     for _ in range(steps):
-        hidden = model.model(inputs_embeds=rows[ids], attention_mask=mask).last_hidden_state
-        loss = torch.nn.functional.cross_entropy((hidden @ rows.T).flatten(0, 1), targets.flatten(), ignore_index=-100)
         optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([*body, rows], 1.0)
+        step_loss = 0.0
+        for (ids, targets, mask), count in zip(batches, counted, strict=True):
+            hidden = model.model(inputs_embeds=rows[ids], attention_mask=mask).last_hidden_state
+            mean = torch.nn.functional.cross_entropy(
+                (hidden @ head_rows.T).flatten(0, 1), targets.flatten(), ignore_index=-100
+            )
+            loss = mean * (count / sum(counted))  # the mean over all batches (exactly 1.0 for one batch)
+            loss.backward()
+            step_loss += loss.item()
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         schedule.step()
-        losses.append(round(loss.item(), 4))
+        losses.append(round(step_loss, 4))
     with torch.no_grad():
         table[used] = rows
+        head[used] = head_rows
     table.requires_grad_(True)
+    head.requires_grad_(True)
     torch.use_deterministic_algorithms(was_deterministic)
     model.eval()
     return losses
