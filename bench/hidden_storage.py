@@ -7,10 +7,12 @@ a tiny random DeepseekV3 (Kimi-K2.5's architecture: MLA attention, MoE; built fr
 here), and the demo model's states with massive-activation outliers injected (a few channels of
 every auxiliary layer scaled 100-1000x). Each is captured once in float32; every setting then
 writes the same states with `capture_shard` and reads them back with `HiddenShard`, on one
-thread. Per setting: bytes per token and ratio to bf16 (on disk), write and read MB/s (of bf16
-bytes), the probe's top-1 agreement and mean log-prob on all probed positions, the agreement
-lost against the bf16 reference rows (fp8), and the worst auxiliary layer's relative error and
-cosine against the bf16 states (all tokens). Then byte-plane layouts, measured directly.
+thread, timed in CPU time (process_time: other jobs on a shared machine do not count). Per
+setting: bytes per token and ratio to bf16 (on disk), write and read MB/s (of bf16 bytes), the
+probe's top-1 agreement and mean log-prob on all probed positions, the agreement lost against
+the bf16 reference rows (fp8), and the worst auxiliary layer's relative error and cosine against
+the bf16 states (all tokens). Then byte-plane layouts of the bf16 auxiliary states, measured
+directly with zstd.
 
 Usage: python bench/hidden_storage.py [--samples 96] [--new-tokens 160]
 """
@@ -26,8 +28,11 @@ import zstandard
 from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
 
 from eagle3_datagen.hidden import HFCapture, HiddenShard, capture_shard
+from eagle3_datagen.io import iter_records
 from eagle3_datagen.probe import LMHead, ProbeSettings, probe_shard
+from eagle3_datagen.prompts import PARSERS, detect_format
 
+DEMO_SOURCES = (("alpaca.json", "alpaca"), ("openai.jsonl", "auto"), ("sharegpt.jsonl", "sharegpt"))
 SETTINGS = [
     {"dtype": "bfloat16", "compress": "none"},
     {"dtype": "bfloat16", "compress": "zstd"},
@@ -39,6 +44,7 @@ SETTINGS = [
         for compress in ("none", "zstd")
     ),
 ]
+DEMO_DATA = {f"resources/demo/data/{name}": fmt for name, fmt in DEMO_SOURCES}
 OUTLIERS = {3: 100.0, 17: 300.0, 40: 1000.0}  # channel of each auxiliary layer -> factor
 
 
@@ -84,19 +90,24 @@ def tiny_deepseek_v3(path: Path, vocab_size: int) -> Path:
     return path
 
 
-def greedy_samples(model_dir: Path, prompts: list[list[int]], new_tokens: int) -> list[dict]:
-    """Each prompt with the model's greedy continuation, loss-masked on the continuation."""
+def greedy_samples(model_dir: Path, prompts: list[list[int]], new_tokens: int, batch: int = 16) -> list[dict]:
+    """Each prompt with the model's greedy continuation (left-padded batches), loss-masked on the
+    continuation."""
     lm = HFCapture(model_dir, "auto", "normed", {"dtype": "float32"}).lm
     samples = []
-    for i, prompt in enumerate(prompts):
+    for start in range(0, len(prompts), batch):
+        rows = prompts[start : start + batch]
+        longest = max(len(r) for r in rows)
+        ids = torch.tensor([[0] * (longest - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (longest - len(r)) + [1] * len(r) for r in rows])
         with torch.inference_mode():
             out = lm.generate(
-                torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
+                ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
             )
-        ids = out[0].tolist()
-        samples.append(
-            {"id": f"g{i}", "input_ids": ids, "loss_mask": [0] * len(prompt) + [1] * (len(ids) - len(prompt))}
-        )
+        for k, prompt in enumerate(rows):
+            ids = prompt + out[k, longest:].tolist()
+            mask = [0] * len(prompt) + [1] * new_tokens
+            samples.append({"id": f"g{start + k}", "input_ids": ids, "loss_mask": mask})
     return samples
 
 
@@ -128,19 +139,25 @@ def worst_layer_error(shard: HiddenShard, replay: Replay, samples: list[dict]) -
 
 
 def run_setting(setting: dict, replay: Replay, samples: list[dict], head: LMHead, work: Path) -> dict:
-    settings = {"shard_bytes": 64 << 20, "max_batch_tokens": 1 << 20, "reference_positions": 4096, **setting}
+    """Bytes and speed of a shard without reference rows; the probe on a second copy that keeps
+    every loss position's bf16 state as its reference (fp8 only)."""
+    settings = {"shard_bytes": 64 << 20, "max_batch_tokens": 1 << 20, "reference_positions": 0, **setting}
     out = work / "_".join(setting.values())
     tokens = sum(len(s["input_ids"]) for s in samples)
     bf16_bytes = tokens * ((len(replay.aux_layers) + 1) * replay.hidden_size * 2 + 5)
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time of this one thread: other jobs on the machine do not count
     index = capture_shard(samples, out, replay, settings)
-    write_s = time.perf_counter() - start
+    write_s = time.process_time() - start
     shard = HiddenShard(out)
-    start = time.perf_counter()
+    start = time.process_time()
     for _ in shard:
         pass
-    read_s = time.perf_counter() - start
-    probe = probe_shard(out, head, ProbeSettings(max_positions=1 << 20))
+    read_s = time.process_time() - start
+    probed = out
+    if shard.codec.fp8:
+        probed = work / f"{out.name}_reference"
+        capture_shard(samples, probed, replay, {**settings, "reference_positions": tokens})
+    probe = probe_shard(probed, head, ProbeSettings(max_positions=1 << 20))
     cost = probe["storage_cost"]
     error, cosine = worst_layer_error(shard, replay, samples)
     return {
@@ -171,13 +188,13 @@ def plane_layouts(replay: Replay, level: int = 3) -> list[tuple[str, float, floa
     }
     rows = []
     for name, view in layouts.items():
-        start = time.perf_counter()
+        start = time.process_time()
         data = np.ascontiguousarray(view).tobytes()
         packed = zstandard.ZstdCompressor(level=level).compress(data)
-        write_s = time.perf_counter() - start
-        start = time.perf_counter()
+        write_s = time.process_time() - start
+        start = time.process_time()
         zstandard.ZstdDecompressor().decompress(packed)
-        read_s = time.perf_counter() - start
+        read_s = time.process_time() - start
         rows.append((name, len(packed) / len(data), len(data) / 1e6 / write_s, len(data) / 1e6 / read_s))
     return rows
 
@@ -192,8 +209,17 @@ def main() -> None:
     demo = Path(args.demo_model)
     tokenizer = AutoTokenizer.from_pretrained(demo)
     rng = np.random.default_rng(0)
-    texts = [line for line in Path("resources/demo/data/openai.jsonl").read_text().splitlines() if line]
-    prompts = [tokenizer(texts[i % len(texts)][:400])["input_ids"] for i in range(args.samples)]
+    conversations = [
+        PARSERS[detect_format(record) if fmt == "auto" else fmt](record)
+        for path, fmt in DEMO_DATA.items()
+        for _, record in iter_records(path)
+    ]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [m for m in messages if m["role"] != "assistant"][:2], add_generation_prompt=True, enable_thinking=False
+        )
+        for messages in conversations[: args.samples]
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         deepseek = tiny_deepseek_v3(work / "deepseek", len(tokenizer))
