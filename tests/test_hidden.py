@@ -297,3 +297,26 @@ def test_codec_rejects_unknown_settings():
         Codec.from_settings({"dtype": "float8"})
     with pytest.raises(ValueError, match="scale_block 48 must divide the hidden size 64"):
         Codec(dtype="float8_e4m3", scales="block", scale_block=48).bytes_per_token(3, 64)
+
+
+def test_plan_and_report_count_bytes_with_the_stored_dtype_and_ratio(tmp_path):
+    from eagle3_datagen.plan import DEFAULT_RATIOS, compression_ratio
+    from eagle3_datagen.report import storage_summary
+
+    codec = Codec.from_settings({"dtype": "float8_e4m3", "scales": "token", "compress": "zstd"})
+    assert codec.bytes_per_token(3, 7168) == 4 * 7168 + 4 * 2 + 5  # Kimi-K2.5: half of bf16's 57,349
+    assert Codec().bytes_per_token(3, 7168) == 57_349
+    assert compression_ratio(Codec(compress="zstd_planes"), tmp_path) == (DEFAULT_RATIOS["zstd_planes"], "default")
+    indexes = [
+        {"dtype": "float8_e4m3", "compress": {"codec": "zstd", "level": 3}, "bytes": 300, "raw_bytes": 400},
+        {"dtype": "float8_e4m3", "compress": {"codec": "zstd", "level": 3}, "bytes": 500, "raw_bytes": 600},
+        {"dtype": "bfloat16", "compress": {"codec": "zstd", "level": 3}, "bytes": 10, "raw_bytes": 1000},
+    ]
+    for n, index in enumerate(indexes):
+        (tmp_path / f"P{n}" / "hidden" / "00000").mkdir(parents=True)
+        (tmp_path / f"P{n}" / "hidden" / "00000" / "index.json").write_text(json.dumps(index))
+    assert compression_ratio(codec, tmp_path) == (0.8, "observed on finished shards")
+    shards = [{**indexes[0], "tokens": 10, "aux_layers": [2, 4, 5], "hidden_size": 8, "scales": None}]
+    summary = storage_summary(shards)
+    assert summary["bytes_per_token"] == 30.0 and summary["ratio_to_bf16"] == 300 / (10 * (4 * 8 * 2 + 5))
+    assert summary["compress"] == "zstd" and summary["dtype"] == "float8_e4m3"
