@@ -27,6 +27,7 @@ import torch
 import zstandard
 from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
 
+from eagle3_datagen.chat import render_ids
 from eagle3_datagen.hidden import HFCapture, HiddenShard, capture_shard
 from eagle3_datagen.io import iter_records
 from eagle3_datagen.probe import LMHead, ProbeSettings, probe_shard
@@ -214,12 +215,8 @@ def main() -> None:
         for path, fmt in DEMO_DATA.items()
         for _, record in iter_records(path)
     ]
-    prompts = [
-        tokenizer.apply_chat_template(
-            [m for m in messages if m["role"] != "assistant"][:2], add_generation_prompt=True, enable_thinking=False
-        )
-        for messages in conversations[: args.samples]
-    ]
+    first_turns = [[m for m in messages if m["role"] != "assistant"][:2] for messages in conversations]
+    prompts = [render_ids(tokenizer, m, True, {"enable_thinking": False}) for m in first_turns[: args.samples]]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         deepseek = tiny_deepseek_v3(work / "deepseek", len(tokenizer))
