@@ -263,7 +263,8 @@ def test_fp8_shard_reads_back_bf16_near_the_plain_states_with_reference_rows(tmp
     for x, y in zip(a, b, strict=True):
         assert torch.equal(x["input_ids"], y["input_ids"]) and y["hidden_states"].dtype == torch.bfloat16
         for name in ("aux_hidden_states", "hidden_states"):
-            torch.testing.assert_close(y[name].float(), x[name].float(), atol=0.0, rtol=2**-4)
+            # e4m3 keeps 3 mantissa bits; values far below their channel's largest fall to subnormals
+            torch.testing.assert_close(y[name].float(), x[name].float(), atol=1e-3, rtol=2**-4)
     references = list(b.references())
     assert len(references) == len(index["parts"]) and not list(a.references())
     rows = sum(len(r["targets"]) for r in references)
