@@ -14,7 +14,7 @@ the bf16 reference rows (fp8), and the worst auxiliary layer's relative error an
 the bf16 states (all tokens). Then byte-plane layouts of the bf16 auxiliary states, measured
 directly with zstd.
 
-Usage: python bench/hidden_storage.py [--samples 96] [--new-tokens 160]
+Usage: python bench/hidden_storage.py [--samples 64] [--new-tokens 128] (after building the demo model)
 """
 
 import argparse
@@ -46,6 +46,7 @@ SETTINGS = [
     ),
 ]
 DEMO_DATA = {f"resources/demo/data/{name}": fmt for name, fmt in DEMO_SOURCES}
+PROBED = 2048  # positions the probe reads, and bf16 reference rows kept for it
 OUTLIERS = {3: 100.0, 17: 300.0, 40: 1000.0}  # channel of each auxiliary layer -> factor
 
 
@@ -92,9 +93,10 @@ def tiny_deepseek_v3(path: Path, vocab_size: int) -> Path:
 
 
 def greedy_samples(model_dir: Path, prompts: list[list[int]], new_tokens: int, batch: int = 16) -> list[dict]:
-    """Each prompt with the model's greedy continuation (left-padded batches), loss-masked on the
-    continuation."""
+    """Each prompt with the model's greedy continuation up to its end-of-turn token or `new_tokens`
+    (left-padded batches), loss-masked on the continuation."""
     lm = HFCapture(model_dir, "auto", "normed", {"dtype": "float32"}).lm
+    eos = lm.generation_config.eos_token_id
     samples = []
     for start in range(0, len(prompts), batch):
         rows = prompts[start : start + batch]
@@ -102,13 +104,13 @@ def greedy_samples(model_dir: Path, prompts: list[list[int]], new_tokens: int, b
         ids = torch.tensor([[0] * (longest - len(r)) + r for r in rows])
         mask = torch.tensor([[0] * (longest - len(r)) + [1] * len(r) for r in rows])
         with torch.inference_mode():
-            out = lm.generate(
-                ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
-            )
+            out = lm.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
         for k, prompt in enumerate(rows):
-            ids = prompt + out[k, longest:].tolist()
-            mask = [0] * len(prompt) + [1] * new_tokens
-            samples.append({"id": f"g{start + k}", "input_ids": ids, "loss_mask": mask})
+            continuation = out[k, longest:].tolist()
+            if eos in continuation:
+                continuation = continuation[: continuation.index(eos) + 1]
+            mask = [0] * len(prompt) + [1] * len(continuation)
+            samples.append({"id": f"g{start + k}", "input_ids": prompt + continuation, "loss_mask": mask})
     return samples
 
 
@@ -141,7 +143,7 @@ def worst_layer_error(shard: HiddenShard, replay: Replay, samples: list[dict]) -
 
 def run_setting(setting: dict, replay: Replay, samples: list[dict], head: LMHead, work: Path) -> dict:
     """Bytes and speed of a shard without reference rows; the probe on a second copy that keeps
-    every loss position's bf16 state as its reference (fp8 only)."""
+    `PROBED` bf16 reference rows (fp8 only)."""
     settings = {"shard_bytes": 64 << 20, "max_batch_tokens": 1 << 20, "reference_positions": 0, **setting}
     out = work / "_".join(setting.values())
     tokens = sum(len(s["input_ids"]) for s in samples)
@@ -157,8 +159,8 @@ def run_setting(setting: dict, replay: Replay, samples: list[dict], head: LMHead
     probed = out
     if shard.codec.fp8:
         probed = work / f"{out.name}_reference"
-        capture_shard(samples, probed, replay, {**settings, "reference_positions": tokens})
-    probe = probe_shard(probed, head, ProbeSettings(max_positions=1 << 20))
+        capture_shard(samples, probed, replay, {**settings, "reference_positions": PROBED})
+    probe = probe_shard(probed, head, ProbeSettings(max_positions=PROBED))
     cost = probe["storage_cost"]
     error, cosine = worst_layer_error(shard, replay, samples)
     return {
@@ -203,8 +205,8 @@ def plane_layouts(replay: Replay, level: int = 3) -> list[tuple[str, float, floa
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--demo-model", default="results/demo/model")
-    p.add_argument("--samples", type=int, default=96)
-    p.add_argument("--new-tokens", type=int, default=160)
+    p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=128)
     args = p.parse_args()
     torch.set_num_threads(1)
     demo = Path(args.demo_model)
@@ -215,8 +217,11 @@ def main() -> None:
         for path, fmt in DEMO_DATA.items()
         for _, record in iter_records(path)
     ]
-    first_turns = [[m for m in messages if m["role"] != "assistant"][:2] for messages in conversations]
-    prompts = [render_ids(tokenizer, m, True, {"enable_thinking": False}) for m in first_turns[: args.samples]]
+    # The demo's sources hold the same conversations in several formats: each prompt once, then
+    # random token IDs (so that no two samples share states, which zstd would find).
+    unique = {tuple(render_ids(tokenizer, m[:2], True, {"enable_thinking": False})) for m in conversations}
+    prompts = [list(p) for p in sorted(unique)][: args.samples]
+    prompts += [rng.integers(0, len(tokenizer), 48).tolist() for _ in range(args.samples - len(prompts))]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         deepseek = tiny_deepseek_v3(work / "deepseek", len(tokenizer))
