@@ -14,16 +14,23 @@ from eagle3_datagen.vocab import loss_token_counts, run_vocab, vocab_mapping
 
 from .test_hidden import SETTINGS, make_samples
 
+STORAGE = {
+    "bf16": {"dtype": "bfloat16"},
+    "bf16-planes": {"dtype": "bfloat16", "compress": "zstd_planes"},
+    "e4m3-block-zstd": {"dtype": "float8_e4m3", "scales": "block", "scale_block": 16, "compress": "zstd"},
+    "e5m2-channel": {"dtype": "float8_e5m2", "scales": "channel"},
+}
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory, tiny_model_dir):
-    """Two shards of 7 and 5 samples of mixed lengths."""
+
+@pytest.fixture(scope="module", params=STORAGE.values(), ids=STORAGE.keys())
+def shards(request, tmp_path_factory, tiny_model_dir):
+    """Two shards of 7 and 5 samples of mixed lengths, stored with each setting."""
     root = tmp_path_factory.mktemp("shards")
     capture = HFCapture(tiny_model_dir, "auto", "normed", {"dtype": "float32"})
     samples = make_samples(12, seed=4)
     dirs = [root / "00000", root / "00001"]
-    capture_shard(samples[:7], dirs[0], capture, {**SETTINGS, "dtype": "bfloat16", "shard_bytes": 8_000})
-    capture_shard(samples[7:], dirs[1], capture, {**SETTINGS, "dtype": "bfloat16"})
+    capture_shard(samples[:7], dirs[0], capture, {**SETTINGS, **request.param, "shard_bytes": 8_000})
+    capture_shard(samples[7:], dirs[1], capture, {**SETTINGS, **request.param})
     return dirs
 
 
@@ -41,6 +48,7 @@ def test_specforge_layout_round_trips(tmp_path, shards):
         length = len(sample["input_ids"])
         assert data["input_ids"].shape == data["loss_mask"].shape == (length,)
         assert data["hidden_state"].shape == (1, length, 32) and data["aux_hidden_state"].shape == (1, length, 96)
+        assert data["hidden_state"].dtype == data["aux_hidden_state"].dtype == torch.bfloat16  # fp8 dequantized
         assert torch.equal(data["input_ids"], sample["input_ids"].long())
         assert torch.equal(data["loss_mask"], sample["loss_mask"].long())
         assert torch.equal(data["hidden_state"][0], sample["hidden_states"])

@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from eagle3_datagen import hidden
 from eagle3_datagen.hidden import HFCapture, HiddenShard, capture_shard, plan_batches, plan_parts, resolve_aux_layers
+from eagle3_datagen.hidden_codec import Codec, byte_planes, dequantize, from_byte_planes, quantize
 
 SETTINGS = {"dtype": "float32", "shard_bytes": 1 << 20, "max_batch_tokens": 64}
 
@@ -107,7 +108,17 @@ def test_bytes_on_disk_are_tokens_times_bytes_per_token(tmp_path, capture):
     assert tensor_bytes <= index["bytes"] <= tensor_bytes * 1.01
 
 
-@pytest.mark.parametrize("compress", [{}, {"compress": "zstd", "compress_level": 3}], ids=["plain", "zstd"])
+STORAGE = {
+    "plain": {},
+    "zstd": {"compress": "zstd", "compress_level": 3},
+    "bf16-planes": {"dtype": "bfloat16", "compress": "zstd_planes"},
+    "e4m3-token": {"dtype": "float8_e4m3", "scales": "token"},
+    "e4m3-channel-zstd": {"dtype": "float8_e4m3", "scales": "channel", "compress": "zstd"},
+    "e5m2-block": {"dtype": "float8_e5m2", "scales": "block", "scale_block": 16},
+}
+
+
+@pytest.mark.parametrize("compress", STORAGE.values(), ids=STORAGE.keys())
 def test_resume_keeps_complete_parts_byte_identical(tmp_path, capture, monkeypatch, compress):
     samples = make_samples(20, seed=9)
     settings = {**SETTINGS, "shard_bytes": 20_000, **compress}
@@ -190,3 +201,123 @@ def test_parts_of_an_earlier_plan_do_not_ship(tmp_path, capture, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
         [*(p["file"] for p in index["parts"]), "index.json"]
     )
+
+
+def test_byte_planes_restore_identical_bits():
+    bits = torch.randint(-(1 << 15), 1 << 15, (37, 24), dtype=torch.int16)
+    bits[0, :4] = torch.tensor([0x7F80, 0x7FC1, -32768, 0x0001], dtype=torch.int16)  # inf, NaN, -0, subnormal
+    values = bits.view(torch.bfloat16)
+    planes = byte_planes(values)
+    assert planes.shape == (2, 37, 24) and planes.dtype == torch.uint8
+    assert torch.equal(planes[1], (bits >> 8).to(torch.uint8))  # the high byte: sign, exponent, 1 mantissa bit
+    assert torch.equal(from_byte_planes(planes, torch.bfloat16).view(torch.int16), bits)
+    wide = torch.randn(5, 8)
+    assert torch.equal(from_byte_planes(byte_planes(wide), torch.float32).view(torch.int32), wide.view(torch.int32))
+
+
+def _relative_error(restored: torch.Tensor, states: torch.Tensor, columns) -> float:
+    return float((restored.float() - states)[:, columns].norm() / states[:, columns].norm())
+
+
+@pytest.mark.parametrize("granularity", ["token", "channel", "block"])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_scales_are_powers_of_two_and_errors_stay_within_fp8_precision(granularity, dtype):
+    torch.manual_seed(0)
+    states = torch.randn(50, 3 * 32) * torch.logspace(-1, 1, 50)[:, None]  # tokens 100x apart
+    states[:, 5] *= 1000.0  # a massive-activation channel in the first layer
+    values, scales = quantize(states, 3, dtype, granularity, scale_block=16)
+    expected = {"token": (50, 3), "channel": (96,), "block": (50, 6)}[granularity]
+    assert values.dtype == dtype and tuple(scales.shape) == expected
+    assert torch.equal(torch.exp2(torch.log2(scales.float()).round()), scales.float())
+    restored = dequantize(values, scales)
+    assert restored.dtype == torch.bfloat16
+    # Power-of-two scales leave fp8's relative precision as it is: within its range, every
+    # granularity gives the same error, about 2^-(mantissa bits) / sqrt(12) x 2.
+    bound = 0.04 if dtype == torch.float8_e4m3fn else 0.08
+    for layer in range(3):
+        assert _relative_error(restored, states, slice(layer * 32, (layer + 1) * 32)) <= bound
+
+
+def test_per_token_scales_lose_a_row_to_an_outlier_beyond_fp8_range():
+    torch.manual_seed(0)
+    states = torch.randn(20, 2 * 32)
+    states[:, 5] *= 1e6  # past e4m3's range (448 down to 2^-9): the rest of its row underflows
+    rest = [c for c in range(32) if c != 5]
+    errors = {}
+    for granularity in ("token", "channel", "block"):
+        values, scales = quantize(states, 2, torch.float8_e4m3fn, granularity, scale_block=16)
+        errors[granularity] = _relative_error(dequantize(values, scales), states, rest)
+    assert errors["token"] > 0.5 and errors["channel"] < 0.04
+    assert 0.04 < errors["block"] < errors["token"]  # only the outlier's block of 16 is lost
+
+
+def test_fp8_shard_reads_back_bf16_near_the_plain_states_with_reference_rows(tmp_path, capture):
+    samples = make_samples(12, seed=2, lo=10, hi=60)
+    settings = {**SETTINGS, "dtype": "bfloat16", "shard_bytes": 20_000}
+    plain = capture_shard(samples, tmp_path / "bf16", capture, settings)
+    fp8 = {**settings, "dtype": "float8_e4m3", "scales": "channel", "reference_positions": 40}
+    index = capture_shard(samples, tmp_path / "fp8", capture, fp8)
+    assert index["dtype"] == "float8_e4m3" and index["scales"] == {"granularity": "channel", "dtype": "bfloat16"}
+    assert index["bytes_per_token"] == 4 * 32 + 5
+    a, b = HiddenShard(tmp_path / "bf16"), HiddenShard(tmp_path / "fp8")
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x["input_ids"], y["input_ids"]) and y["hidden_states"].dtype == torch.bfloat16
+        for name in ("aux_hidden_states", "hidden_states"):
+            # e4m3 keeps 3 mantissa bits; values far below their channel's largest fall to subnormals
+            torch.testing.assert_close(y[name].float(), x[name].float(), atol=1e-3, rtol=2**-4)
+    references = list(b.references())
+    assert len(references) == len(index["parts"]) and not list(a.references())
+    rows = sum(len(r["targets"]) for r in references)
+    assert 40 <= rows <= 40 + len(index["parts"])  # each part's share, rounded up
+    assert index["bytes"] - rows * (4 * 32 * 2 + 8) < 0.6 * plain["bytes"]  # fp8 values besides the bf16 rows
+    # The reference rows are the bf16 states the plain shard stores, at rows predicting loss tokens.
+    plain_rows = {name: torch.cat([x[name] for x in a]) for name in ("input_ids", "loss_mask", "aux_hidden_states")}
+    start = 0
+    for part, reference in zip(index["parts"], references, strict=True):
+        with safe_open(str(tmp_path / "fp8" / part["file"]), "pt") as f:
+            rows = start + f.get_tensor("reference_rows")
+        assert plain_rows["loss_mask"][rows + 1].all()
+        assert torch.equal(reference["targets"], plain_rows["input_ids"][rows + 1].long())
+        assert torch.equal(reference["reference"]["aux_hidden_states"], plain_rows["aux_hidden_states"][rows])
+        start += part["tokens"]
+
+
+def test_lossless_settings_are_bit_exact(tmp_path, capture):
+    samples = make_samples(10, seed=6, lo=10, hi=60)
+    settings = {**SETTINGS, "dtype": "bfloat16", "shard_bytes": 20_000}
+    capture_shard(samples, tmp_path / "plain", capture, settings)
+    index = capture_shard(samples, tmp_path / "planes", capture, {**settings, "compress": "zstd_planes"})
+    assert index["compress"] == {"codec": "zstd_planes", "level": 3} and index["bytes"] < index["raw_bytes"]
+    for x, y in zip(HiddenShard(tmp_path / "plain"), HiddenShard(tmp_path / "planes"), strict=True):
+        for name in hidden.COLUMNS:
+            assert x[name].dtype == y[name].dtype and torch.equal(x[name].view(torch.uint8), y[name].view(torch.uint8))
+
+
+def test_codec_rejects_unknown_settings():
+    with pytest.raises(ValueError, match="hidden_states.dtype 'float8'"):
+        Codec.from_settings({"dtype": "float8"})
+    with pytest.raises(ValueError, match="scale_block 48 must divide the hidden size 64"):
+        Codec(dtype="float8_e4m3", scales="block", scale_block=48).bytes_per_token(3, 64)
+
+
+def test_plan_and_report_count_bytes_with_the_stored_dtype_and_ratio(tmp_path):
+    from eagle3_datagen.plan import DEFAULT_RATIOS, compression_ratio
+    from eagle3_datagen.report import storage_summary
+
+    codec = Codec.from_settings({"dtype": "float8_e4m3", "scales": "token", "compress": "zstd"})
+    assert codec.bytes_per_token(3, 7168) == 4 * 7168 + 4 * 2 + 5  # Kimi-K2.5: half of bf16's 57,349
+    assert Codec().bytes_per_token(3, 7168) == 57_349
+    assert compression_ratio(Codec(compress="zstd_planes"), tmp_path) == (DEFAULT_RATIOS["zstd_planes"], "default")
+    indexes = [
+        {"dtype": "float8_e4m3", "compress": {"codec": "zstd", "level": 3}, "bytes": 300, "raw_bytes": 400},
+        {"dtype": "float8_e4m3", "compress": {"codec": "zstd", "level": 3}, "bytes": 500, "raw_bytes": 600},
+        {"dtype": "bfloat16", "compress": {"codec": "zstd", "level": 3}, "bytes": 10, "raw_bytes": 1000},
+    ]
+    for n, index in enumerate(indexes):
+        (tmp_path / f"P{n}" / "hidden" / "00000").mkdir(parents=True)
+        (tmp_path / f"P{n}" / "hidden" / "00000" / "index.json").write_text(json.dumps(index))
+    assert compression_ratio(codec, tmp_path) == (0.8, "observed on finished shards")
+    shards = [{**indexes[0], "tokens": 10, "aux_layers": [2, 4, 5], "hidden_size": 8, "scales": None}]
+    summary = storage_summary(shards)
+    assert summary["bytes_per_token"] == 30.0 and summary["ratio_to_bf16"] == 300 / (10 * (4 * 8 * 2 + 5))
+    assert summary["compress"] == "zstd" and summary["dtype"] == "float8_e4m3"

@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from eagle3_datagen import hidden_codec
 from eagle3_datagen.backends.hf import HFBackend
 from eagle3_datagen.hidden import HFCapture, capture_shard
 from eagle3_datagen.probe import LMHead, ProbeFailure, ProbeSettings, run_probe
@@ -49,18 +50,18 @@ def samples_for(rows, model_dir, model_settings=THINKING_OFF):
     return samples
 
 
-def shard(tmp_path, name, samples, model_dir, final="normed", final_layer=None):
+def shard(tmp_path, name, samples, model_dir, final="normed", final_layer=None, storage=None):
     capture = HFCapture(model_dir, "auto", final, {"dtype": "float32"})
     if final_layer is not None:
         capture.num_layers = final_layer  # a capture that takes the final state from another layer
     out = tmp_path / name
-    capture_shard(samples, out, capture, HIDDEN)
+    capture_shard(samples, out, capture, {**HIDDEN, **(storage or {})})
     return out
 
 
-def probe(tmp_path, shard_dir, model_dir, greedy_exact=True):
+def probe(tmp_path, shard_dir, model_dir, greedy_exact=True, settings=None):
     return run_probe(
-        shard_dir, tmp_path / f"{shard_dir.name}.json", model_dir, ProbeSettings(), "P1", "hf", greedy_exact
+        shard_dir, tmp_path / f"{shard_dir.name}.json", model_dir, settings or ProbeSettings(), "P1", "hf", greedy_exact
     )
 
 
@@ -115,3 +116,42 @@ def test_text_rebuilt_data_is_judged_on_log_probability(tmp_path, random_model_d
     assert result["greedy_exact"] is False
     assert result["verdict"] in ("ok", "warn")
     assert result["verdict"] == ("warn" if result["all"]["mean_logprob"] < -3.0 else "ok")
+
+
+FP8 = {"dtype": "float8_e4m3", "scales": "token", "reference_positions": 64}
+
+
+def test_fp8_storage_cost_is_measured_on_bf16_reference_rows(tmp_path, random_model_dir, greedy_rows):
+    samples = samples_for(greedy_rows, random_model_dir)
+    lossless = probe(tmp_path, shard(tmp_path, "bf16", samples, random_model_dir), random_model_dir)
+    assert lossless["storage_cost"] is None and lossless["storage"]["dtype"] == "float32"
+    result = probe(
+        tmp_path,
+        shard(tmp_path, "fp8", samples, random_model_dir, storage=FP8),
+        random_model_dir,
+        settings=ProbeSettings(max_agreement_drop=1.0, min_greedy_agreement=0.0, min_first_agreement=0.0),
+    )
+    cost = result["storage_cost"]
+    assert result["storage"] == {
+        "dtype": "float8_e4m3",
+        "scales": {"granularity": "token", "dtype": "bfloat16"},
+        "compress": None,
+    }
+    assert cost["positions"] == 64
+    assert cost["reference"]["top1_agreement"] >= 0.9  # bf16 rows of float32 greedy data: near-ties flip
+    assert cost["agreement_drop"] == cost["reference"]["top1_agreement"] - cost["stored"]["top1_agreement"]
+    assert [layer["layer"] for layer in cost["layers"]] == [2, 4, 5, "final"]
+    for layer in cost["layers"]:  # e4m3: 3 mantissa bits
+        assert 0.005 < layer["relative_error"] < 0.04 and layer["cosine"] > 0.999
+
+
+def test_lossy_storage_past_the_agreement_bound_fails(tmp_path, random_model_dir, greedy_rows, monkeypatch):
+    """Real fp8 on this model stays within the bound; a reader that decodes the stored states with
+    noise stands in for a storage setting too coarse for its states."""
+    out = shard(tmp_path, "noisy", samples_for(greedy_rows, random_model_dir), random_model_dir, storage=FP8)
+    real = hidden_codec.dequantize
+    monkeypatch.setattr(hidden_codec, "dequantize", lambda v, s: real(v, s) + torch.randn(v.shape).bfloat16() * 3)
+    with pytest.raises(
+        ProbeFailure, match=r"float8_e4m3 storage loses 0\.\d+ top-1 agreement .*max_agreement_drop=0\.005"
+    ):
+        probe(tmp_path, out, random_model_dir)

@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import os
-import struct
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -24,20 +23,24 @@ from pathlib import Path
 
 import torch
 import zstandard
-from safetensors import safe_open
-from safetensors.torch import load as safetensors_load
-from safetensors.torch import save as safetensors_bytes
 
-from .io import atomic_dir, atomic_path, read_jsonl, write_json
-from .models import DTYPES, load_causal_lm
+from .hidden_codec import (
+    REFERENCE_DTYPE,
+    STATE_COLUMNS,
+    Codec,
+    PartReader,
+    frame_header_json,
+    reference_rows,
+    reference_share,
+)
+from .io import atomic_dir, read_jsonl, write_json
+from .models import load_causal_lm
 from .progress import Progress
 
 log = logging.getLogger(__name__)
 
 FORMAT = "eagle3-datagen/hidden-v1"
 COLUMNS = ("input_ids", "loss_mask", "aux_hidden_states", "hidden_states")
-# Per token besides the hidden states: int32 input_ids + uint8 loss_mask.
-ID_AND_MASK_BYTES = 5
 
 
 def resolve_aux_layers(num_layers: int, spec: str | Sequence[int]) -> list[int]:
@@ -51,12 +54,6 @@ def resolve_aux_layers(num_layers: int, spec: str | Sequence[int]) -> list[int]:
     return layers
 
 
-def bytes_per_token(aux_layers: int, hidden_size: int, dtype: str) -> int:
-    """Bytes one packed token takes: the auxiliary and final states, its ID and its mask."""
-    element = torch.empty((), dtype=DTYPES[dtype]).element_size()
-    return (aux_layers + 1) * hidden_size * element + ID_AND_MASK_BYTES
-
-
 @dataclass(frozen=True)
 class Layout:
     """What a shard stores; checked against the config when a shard is read."""
@@ -67,10 +64,6 @@ class Layout:
     aux_layers: tuple[int, ...]
     final: str
     dtype: str
-
-    @property
-    def bytes_per_token(self) -> int:
-        return bytes_per_token(len(self.aux_layers), self.hidden_size, self.dtype)
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(self.__dict__, sort_keys=True, default=list).encode()).hexdigest()[:16]
@@ -178,13 +171,10 @@ def capture_in_batches(capture, sequences: Sequence[list[int]], max_batch_tokens
     return states
 
 
-def _part_name(number: int, compressed: bool) -> str:
-    return f"part-{number:05d}.safetensors" + (".zst" if compressed else "")
-
-
-def _part_key(layout: Layout, ids: Sequence[str], lengths: Sequence[int]) -> str:
+def _part_key(layout: Layout, codec: Codec, ids: Sequence[str], lengths: Sequence[int]) -> str:
     """Identifies a part's content plan: resuming keeps a part only if this matches."""
     digest = hashlib.sha256(layout.fingerprint().encode())
+    digest.update(codec.describe().encode())
     for sample_id, length in zip(ids, lengths, strict=True):
         digest.update(f"{sample_id}:{length};".encode())
     return digest.hexdigest()
@@ -195,14 +185,7 @@ def _part_metadata(path: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        if path.suffix == ".zst":
-            # The safetensors header leads the file: decompress only that far.
-            with path.open("rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as reader:
-                size = struct.unpack("<Q", reader.read(8))[0]
-                header = json.loads(reader.read(size))
-            return json.loads(header["__metadata__"][FORMAT])
-        with safe_open(str(path), "pt") as f:
-            return json.loads((f.metadata() or {})[FORMAT])
+        return json.loads(frame_header_json(path)["__metadata__"][FORMAT])
     except Exception:  # anything unreadable is recomputed
         return None
 
@@ -219,27 +202,36 @@ def write_part(
     path: Path,
     samples: Sequence[dict],
     states: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    dtype: torch.dtype,
+    codec: Codec,
     metadata: dict,
-    zstd_level: int | None = None,
+    reference_count: int = 0,
+    seed: int = 0,
 ) -> int:
-    """Write one packed part; returns its size before compression."""
+    """Write one packed part; returns its size before compression.
+
+    With a lossy `codec`, `reference_count` rows are also kept in bf16 (`reference_rows`,
+    `reference_<column>`) for the probe to compare against."""
     lengths = [len(s["input_ids"]) for s in samples]
     offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
+    loss_mask = torch.tensor([t for s in samples for t in s["loss_mask"]], dtype=torch.uint8)
+    aux = torch.cat([aux for aux, _ in states])
+    final = torch.cat([final for _, final in states])
     tensors = {
         "input_ids": torch.tensor([t for s in samples for t in s["input_ids"]], dtype=torch.int32),
-        "loss_mask": torch.tensor([t for s in samples for t in s["loss_mask"]], dtype=torch.uint8),
-        "aux_hidden_states": torch.cat([aux for aux, _ in states]).to(dtype).contiguous(),
-        "hidden_states": torch.cat([final for _, final in states]).to(dtype).contiguous(),
+        "loss_mask": loss_mask,
+        **codec.encode_states("aux_hidden_states", aux, aux.shape[1] // final.shape[1]),
+        **codec.encode_states("hidden_states", final, 1),
         "offsets": offsets,
     }
+    if codec.fp8 and reference_count:
+        rows = reference_rows(loss_mask, offsets, reference_count, seed)
+        tensors["reference_rows"] = rows
+        tensors["reference_aux_hidden_states"] = aux[rows].to(REFERENCE_DTYPE).contiguous()
+        tensors["reference_hidden_states"] = final[rows].to(REFERENCE_DTYPE).contiguous()
     # One metadata key: safetensors orders several keys differently from run to run, and
     # a resumed part must be byte-identical to an uninterrupted one.
-    data = safetensors_bytes(tensors, metadata={FORMAT: json.dumps(metadata, sort_keys=True)})
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data if zstd_level is None else zstandard.ZstdCompressor(level=zstd_level).compress(data))
-    return len(data)
+    return codec.write_part(path, tensors, {FORMAT: json.dumps(metadata, sort_keys=True)})
 
 
 def capture_shard(samples: list[dict], out_dir: str | Path, capture, settings: dict) -> dict | None:
@@ -259,16 +251,19 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture, settings: d
         capture.final,
         settings["dtype"],
     )
-    dtype = DTYPES[layout.dtype]
+    codec = Codec.from_settings(settings)
+    per_token = codec.bytes_per_token(len(layout.aux_layers), layout.hidden_size)
     lengths = [len(s["input_ids"]) for s in samples]
-    parts = plan_parts(lengths, layout.bytes_per_token, settings["shard_bytes"])
+    parts = plan_parts(lengths, per_token, settings["shard_bytes"])
     # Work happens in a sibling directory that Snakemake does not own, so complete parts
     # survive a killed job and the output directory appears only when whole.
     work = out_dir.with_name(f".{out_dir.name}.partial")
-    zstd_level = settings.get("compress_level", 3) if settings.get("compress", "none") == "zstd" else None
     ids = [[samples[i]["id"] for i in part] for part in parts]
-    keys = [_part_key(layout, part_ids, [lengths[i] for i in part]) for part, part_ids in zip(parts, ids, strict=True)]
-    paths = [work / _part_name(number, zstd_level is not None) for number in range(len(parts))]
+    keys = [
+        _part_key(layout, codec, part_ids, [lengths[i] for i in part])
+        for part, part_ids in zip(parts, ids, strict=True)
+    ]
+    paths = [work / codec.part_name(number) for number in range(len(parts))]
     earlier: list[dict | None] = [None] * len(parts)
     if ranks.writer:
         work.mkdir(parents=True, exist_ok=True)
@@ -296,7 +291,8 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture, settings: d
                 ]
                 nonfinite += bad
                 metadata = {"part_key": keys[number], "nonfinite": bad}
-                write_part(paths[number], part_samples, states, dtype, metadata, zstd_level)
+                reference = reference_share(codec.reference_positions, part_tokens, sum(lengths))
+                write_part(paths[number], part_samples, states, codec, metadata, reference, seed=number)
                 computed_tokens += part_tokens
                 log.info("part %d: %d samples, %d tokens written", number, len(part), part_tokens)
         progress.advance(len(part), tokens=part_tokens)
@@ -326,13 +322,13 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture, settings: d
     index = {
         "format": FORMAT,
         **{k: (list(v) if isinstance(v, tuple) else v) for k, v in layout.__dict__.items()},
-        "bytes_per_token": layout.bytes_per_token,
+        "bytes_per_token": per_token,
         "samples": len(samples),
         "tokens": sum(lengths),
         "loss_tokens": sum(sum(s["loss_mask"]) for s in samples),
         "bytes": sum(p["bytes"] for p in index_parts),
         "raw_bytes": sum(p["raw_bytes"] for p in index_parts),
-        "compress": {"codec": "zstd", "level": zstd_level} if zstd_level is not None else None,
+        **codec.index_fields(),
         "nonfinite_ids": nonfinite,
         # This job's forward passes and writes (parts kept from an earlier job excluded).
         "throughput": {"seconds": round(time.monotonic() - started, 3), "tokens": computed_tokens},
@@ -377,8 +373,9 @@ class HiddenShard:
         if self.index.get("format") != FORMAT:
             raise ValueError(f"{self.path}: not an {FORMAT} shard")
         self._where = {sid: (n, k) for n, part in enumerate(self.index["parts"]) for k, sid in enumerate(part["ids"])}
+        self.codec = Codec.from_index(self.index)
         self._cached_name: str | None = None
-        self._cached: _LoadedPart | None = None
+        self._cached: PartReader | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -394,25 +391,26 @@ class HiddenShard:
                 f"do not match the configured aux={list(aux_layers)} final={final}; rerun the hidden stage"
             )
 
-    def _sample(self, f, offsets: torch.Tensor, sid: str, k: int, columns: Sequence[str] = COLUMNS) -> dict:
+    def _sample(self, f: PartReader, offsets: torch.Tensor, sid: str, k: int, columns: Sequence[str] = COLUMNS) -> dict:
         a, b = int(offsets[k]), int(offsets[k + 1])
-        return {"id": sid, **{name: f.get_slice(name)[a:b] for name in columns}}
+        return {"id": sid, **{name: f.rows(name, a, b) for name in columns}}
 
     def _open(self, part: dict):
-        """A part's tensors: memory-mapped when plain, decompressed whole (and kept) when zstd."""
+        """A part's decoded rows: memory-mapped when plain, decompressed whole (and kept) when not."""
         path = self.path / part["file"]
-        if path.suffix != ".zst":
-            return safe_open(str(path), "pt")
+        if not self.codec.compressed:
+            return self.codec.open_part(path)
         if self._cached_name != part["file"]:
-            self._cached = _LoadedPart(safetensors_load(zstandard.ZstdDecompressor().decompress(path.read_bytes())))
+            self._cached = self.codec.load_part(path)
             self._cached_name = part["file"]
         return contextlib.nullcontext(self._cached)
 
     def iter_samples(self, columns: Sequence[str] = COLUMNS) -> Iterator[dict]:
-        """Samples in order, with only `columns` read (e.g. no auxiliary states)."""
+        """Samples in order, with only `columns` read (e.g. no auxiliary states); fp8 states
+        come back dequantized to bf16."""
         for part in self.index["parts"]:
             with self._open(part) as f:
-                offsets = f.get_tensor("offsets")
+                offsets = f.tensor("offsets")
                 for k, sid in enumerate(part["ids"]):
                     yield self._sample(f, offsets, sid, k, columns)
 
@@ -423,20 +421,21 @@ class HiddenShard:
         """One sample by id, with only `columns` read."""
         number, k = self._where[sample_id]
         with self._open(self.index["parts"][number]) as f:
-            return self._sample(f, f.get_tensor("offsets"), sample_id, k, columns)
+            return self._sample(f, f.tensor("offsets"), sample_id, k, columns)
 
     def __getitem__(self, sample_id: str) -> dict:
         return self.sample(sample_id)
 
-
-class _LoadedPart:
-    """A decompressed part behind the two safe_open calls the reader uses."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor]):
-        self.tensors = tensors
-
-    def get_tensor(self, name: str) -> torch.Tensor:
-        return self.tensors[name]
-
-    def get_slice(self, name: str) -> torch.Tensor:
-        return self.tensors[name]
+    def references(self) -> Iterator[dict]:
+        """Per part of a lossy shard, its bf16 reference rows (none for lossless shards): the
+        token each row's state predicts (`targets`), and `reference` and `stored` (decoded) states."""
+        for part in self.index["parts"]:
+            with self._open(part) as f:
+                if not f.has("reference_rows"):
+                    continue
+                rows = f.tensor("reference_rows")
+                yield {
+                    "targets": f.rows_at("input_ids", rows + 1).long(),
+                    "reference": {name: f.tensor(f"reference_{name}") for name in STATE_COLUMNS},
+                    "stored": {name: f.rows_at(name, rows) for name in STATE_COLUMNS},
+                }

@@ -50,6 +50,7 @@ class ProbeSettings:
     min_mean_logprob: float = -3.0  # warning floor for sampled or text-rebuilt data
     report_positions: int = 32
     seed: int = 0
+    max_agreement_drop: float = 0.005  # lossy storage: top-1 agreement lost against the bf16 reference rows
 
     @classmethod
     def from_config(cls, section: dict) -> ProbeSettings:
@@ -169,6 +170,68 @@ def _stats(agree: np.ndarray, logprob: np.ndarray, top5: np.ndarray) -> dict:
     }
 
 
+def _predictions(head: LMHead, states: torch.Tensor, targets: torch.Tensor, normed: bool, chunk: int):
+    """Top-1 token and log-probability of `targets` for each state."""
+    top1, logprob = [], []
+    for start in range(0, len(targets), chunk):
+        log_probs = head.log_probs(states[start : start + chunk], normed).cpu()
+        top1.append(log_probs.argmax(-1))
+        logprob.append(log_probs.gather(1, targets[start : start + chunk, None])[:, 0])
+    return torch.cat(top1), torch.cat(logprob)
+
+
+def _layer_error(stored: torch.Tensor, reference: torch.Tensor) -> dict:
+    stored, reference = stored.float(), reference.float()
+    return {
+        "relative_error": float((stored - reference).norm() / reference.norm().clamp_min(1e-30)),
+        "cosine": float(torch.nn.functional.cosine_similarity(stored, reference, dim=-1).mean()),
+    }
+
+
+def storage_cost(shard: HiddenShard, head: LMHead, chunk: int = 1024) -> dict | None:
+    """Stored (decoded) states against the bf16 reference rows a lossy shard keeps: the LM head's
+    agreement and mean log-prob on both, and each layer's relative error and cosine similarity.
+    None for a lossless shard (it has no reference rows: its states are the reference)."""
+    parts = list(shard.references())
+    if not parts:
+        return None
+    targets = torch.cat([p["targets"] for p in parts])
+    joined = {
+        kind: {name: torch.cat([p[kind][name] for p in parts]) for name in parts[0][kind]}
+        for kind in ("reference", "stored")
+    }
+    normed = shard.index["final"] == "normed"
+    result = {"positions": int(len(targets))}
+    top1 = {}
+    for kind, states in joined.items():
+        top1[kind], logprob = _predictions(head, states["hidden_states"], targets, normed, chunk)
+        result[kind] = {
+            "top1_agreement": float((top1[kind] == targets).float().mean()) if len(targets) else None,
+            "mean_logprob": float(logprob.mean()) if len(targets) else None,
+        }
+    result["agreement_drop"] = (
+        result["reference"]["top1_agreement"] - result["stored"]["top1_agreement"] if len(targets) else 0.0
+    )
+    result["top1_same_as_reference"] = (
+        float((top1["stored"] == top1["reference"]).float().mean()) if len(targets) else None
+    )
+    hidden = shard.index["hidden_size"]
+    layers = [
+        {
+            "layer": layer,
+            **_layer_error(
+                *(joined[k]["aux_hidden_states"][:, i * hidden : (i + 1) * hidden] for k in ("stored", "reference"))
+            ),
+        }
+        for i, layer in enumerate(shard.index["aux_layers"])
+    ]
+    layers.append(
+        {"layer": "final", **_layer_error(joined["stored"]["hidden_states"], joined["reference"]["hidden_states"])}
+    )
+    result["layers"] = layers
+    return result
+
+
 def probe_shard(shard_dir: str | Path, head: LMHead, settings: ProbeSettings, chunk: int = 1024) -> dict:
     """Probe one hidden-state shard; returns the numbers (no verdict)."""
     shard = HiddenShard(shard_dir)
@@ -201,6 +264,8 @@ def probe_shard(shard_dir: str | Path, head: LMHead, settings: ProbeSettings, ch
     return {
         "shard": Path(shard_dir).name,
         "final": shard.index["final"],
+        "storage": {key: shard.index.get(key) for key in ("dtype", "scales", "compress")},
+        "storage_cost": storage_cost(shard, head, chunk),
         "tensors_loaded": head.loaded,
         "positions_total": int(len(candidates.sample)),
         "positions_probed": int(len(tokens)),
@@ -218,8 +283,10 @@ def verdict(result: dict, settings: ProbeSettings, greedy_exact: bool) -> tuple[
     Greedy data with exact output IDs must reproduce its last turns (the earlier turns of a
     multi-turn sample sit in a context the template may render differently from the one they
     were generated in; they are reported, not judged). Other data is judged on log-probability.
+    Lossy storage fails any data that loses more agreement than allowed against its reference rows.
     """
-    reasons = []
+    reasons = _storage_reasons(result, settings)
+    storage_failed = bool(reasons)
     last, first = result["last_turn"], result["last_turn_first_positions"]
     if greedy_exact and last["positions"]:
         if last["top1_agreement"] < settings.min_greedy_agreement:
@@ -239,7 +306,19 @@ def verdict(result: dict, settings: ProbeSettings, greedy_exact: bool) -> tuple[
             f"mean log-probability of the stored tokens is {scope['mean_logprob']:.3f}, below "
             f"probe.min_mean_logprob={settings.min_mean_logprob}"
         )
-    return ("warn" if reasons else "ok"), reasons
+    return ("fail" if storage_failed else "warn" if reasons else "ok"), reasons
+
+
+def _storage_reasons(result: dict, settings: ProbeSettings) -> list[str]:
+    cost = result.get("storage_cost")
+    if not cost or cost["agreement_drop"] <= settings.max_agreement_drop:
+        return []
+    return [
+        f"{result['storage']['dtype']} storage loses {cost['agreement_drop']:.4f} top-1 agreement against the "
+        f"bf16 reference rows ({cost['reference']['top1_agreement']:.4f} -> {cost['stored']['top1_agreement']:.4f}), "
+        f"above probe.max_agreement_drop={settings.max_agreement_drop}; store bfloat16, or fp8 with finer "
+        "hidden_states.scales"
+    ]
 
 
 def run_probe(
@@ -259,11 +338,17 @@ def run_probe(
     result["verdict"], result["reasons"] = verdict(result, settings, greedy_exact)
     log.info("probe: %s", json.dumps({k: v for k, v in result.items() if k != "by_position"}))
     if result["verdict"] == "fail":
+        storage = _storage_reasons(result, settings)
+        data = [r for r in result["reasons"] if r not in storage]
         raise ProbeFailure(
-            f"partition {partition}, shard {result['shard']} ({backend}, greedy with exact output IDs): "
+            f"partition {partition}, shard {result['shard']} ({backend}): "
             + "; ".join(result["reasons"])
-            + ". The stored hidden states do not predict the tokens the model generated. Likely causes: "
-            + LIKELY_CAUSES
+            + (
+                ". The stored hidden states do not predict the tokens the model generated (greedy, exact output "
+                f"IDs). Likely causes: {LIKELY_CAUSES}"
+                if data
+                else ""
+            )
         )
     for reason in result["reasons"]:
         log.warning("partition %s, shard %s: %s", partition, result["shard"], reason)

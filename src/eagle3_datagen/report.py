@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from . import report_plots
+from .hidden_codec import Codec
 from .histograms import merge
 from .io import read_json, write_json
 
@@ -102,6 +103,7 @@ def partition_summary(
             "loss_tokens": sum(i["loss_tokens"] for i in indexes),
             "bytes": sum(i["bytes"] for i in indexes),
             "raw_bytes": sum(i.get("raw_bytes", i["bytes"]) for i in indexes),
+            **storage_summary(indexes),
             "throughput": _rate([i.get("throughput", {}) for i in indexes], "tokens"),
             "parts": sum(len(i["parts"]) for i in indexes),
             "aux_layers": indexes[0]["aux_layers"] if indexes else None,
@@ -109,6 +111,23 @@ def partition_summary(
             "nonfinite": sum(len(i["nonfinite_ids"]) for i in indexes),
         },
         "probe": probe_summary([read_json(p) for p in probes]),
+    }
+
+
+def storage_summary(indexes: list[dict]) -> dict:
+    """How the partition's states are stored, bytes on disk per token and their ratio to bf16."""
+    if not indexes:
+        return {}
+    tokens = sum(i["tokens"] for i in indexes)
+    on_disk = sum(i["bytes"] for i in indexes)
+    bf16 = sum(i["tokens"] * Codec().bytes_per_token(len(i["aux_layers"]), i["hidden_size"]) for i in indexes)
+    first = indexes[0]
+    return {
+        "dtype": first["dtype"],
+        "scales": (first.get("scales") or {}).get("granularity", "-"),
+        "compress": (first.get("compress") or {}).get("codec", "none"),
+        "bytes_per_token": on_disk / tokens if tokens else 0.0,
+        "ratio_to_bf16": on_disk / bf16 if bf16 else 0.0,
     }
 
 
