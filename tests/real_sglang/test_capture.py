@@ -89,9 +89,9 @@ def test_gpu_check_passes_equal_backends_and_names_a_wrong_layer(qwen_runner, ti
     assert all(r.ok and r.min_cosine > 0.9999 for r in rows), format_table(rows)
     assert rows[0].tokens == sum(len(ids) for ids in batch)
 
-    # An off-by-one the numbering check would not see: layer 4's states stored as layer 5's.
+    # An off-by-one the numbering check would not see: layer 6's states stored as layer 5's.
     wrong = sglang_capture(qwen_runner)
-    qwen_runner.model.model.layers_to_capture = [2, 4, 4]
+    qwen_runner.model.model.layers_to_capture = [2, 4, 6]
     rows = agreement_by_layer(capture_in_batches(wrong, batch, MAX_BATCH_TOKENS), expected, [2, 4, 5], "normed")
     assert [r.ok for r in rows] == [True, True, False, True]
     assert "MISMATCH" in format_table(rows).splitlines()[3]

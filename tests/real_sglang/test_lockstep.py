@@ -6,6 +6,7 @@ states agree to a float32 tolerance, since a tp=2 all-reduce sums in another ord
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,8 @@ def test_two_ranks_resume_in_lockstep(tmp_path, tiny_model_dir, qwen_runner):
         ],
         check=True,
         timeout=900,
+        # One core per rank: without it SGLang's CPU path allows one rank per NUMA node.
+        env={**os.environ, "SGLANG_CPU_OMP_THREADS_BIND": "0|1"},
     )
     reports = [json.loads((tmp_path / f"report.{rank}.json").read_text()) for rank in (0, 1)]
     lengths = [len(s["input_ids"]) for s in samples]

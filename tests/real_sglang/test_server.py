@@ -126,3 +126,12 @@ def test_a_stop_id_ends_generation_with_the_matched_id_kept(server, hf_model):
     )
     assert body["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert body["output_ids"] == expected[: expected.index(stop) + 1]
+
+
+def test_gpu_checks_generate_comparison_agrees_with_the_server(server, served_model_dir):
+    from eagle3_datagen.gpu_check import generate_agreement
+
+    url, _ = server
+    result = generate_agreement(url, served_model_dir, [[9707, 11, 1879], [40, 1079, 264, 3460, 13]], 5, {"dtype": "float32"})
+    assert (result.prompts, result.exact, result.first_token, result.ok) == (2, 2, 2, True)
+    assert result.row().endswith("ok")
