@@ -38,7 +38,15 @@ def main() -> None:
     launch_args = [*GPU_LAUNCH_ARGS, "--dtype", args.dtype] if args.launch else None
     with tempfile.TemporaryDirectory() as work:
         ok, records = run_gpu_check(
-            args.model, work, args.samples, args.max_batch_tokens, args.dtype, args.device, url, launch_args, args.new_tokens
+            args.model,
+            work,
+            args.samples,
+            args.max_batch_tokens,
+            args.dtype,
+            args.device,
+            url,
+            launch_args,
+            args.new_tokens,
         )
     if records and args.out:
         with open(args.out, "w") as f:

@@ -197,7 +197,11 @@ def run_gpu_check(
         model_dir = ranks.agree(str(write_check_model(Path(work_dir) / "check-model")) if ranks.writer else None)
     settings = {"dtype": dtype, "mem_fraction_static": 0.5}
     if device == "cpu":
-        settings = {"dtype": dtype, "mem_fraction_static": 0.05, "server_args": {"max_total_tokens": 4 * max_batch_tokens}}
+        settings = {
+            "dtype": dtype,
+            "mem_fraction_static": 0.05,
+            "server_args": {"max_total_tokens": 4 * max_batch_tokens},
+        }
     flags = server_flags(model_dir, settings, False, max_batch_tokens, dist.get_world_size())
     runner = SGLangModelRunner([*flags, *(CPU_SERVER_FLAGS if device == "cpu" else ())], rank=rank, gpu_id=local_rank)
     batch = random_batch(runner.hf_config.vocab_size, samples, hi=min(512, max_batch_tokens))

@@ -19,9 +19,7 @@ from eagle3_datagen.hidden import capture_shard
 def main(model_dir: str, samples_path: str, out: str, settings_json: str) -> None:
     out, settings = Path(out), json.loads(settings_json)
     samples = json.loads(Path(samples_path).read_text())
-    capture = load_sglang_capture(
-        model_dir, "auto", "normed", settings["sglang"], False, settings["max_batch_tokens"]
-    )
+    capture = load_sglang_capture(model_dir, "auto", "normed", settings["sglang"], False, settings["max_batch_tokens"])
     extends = []
     run = capture.runner.extend
     capture.runner.extend = lambda batch: extends.append(run(batch))

@@ -19,7 +19,7 @@ def sglang_capture(runner, final="normed", aux="auto"):
 @pytest.mark.parametrize("final", ["normed", "raw"])
 def test_states_equal_the_hf_backend_layer_by_layer(qwen_runner, tiny_model_dir, final):
     batch = [s["input_ids"] for s in make_samples(5, seed=3)]
-    batch = [ids[:MAX_BATCH_TOKENS // len(batch)] for ids in batch]
+    batch = [ids[: MAX_BATCH_TOKENS // len(batch)] for ids in batch]
     sglang_states = sglang_capture(qwen_runner, final)(batch)
     hf_states = HFCapture(tiny_model_dir, "auto", final, {"dtype": "float32"})(batch)
     assert [aux.shape for aux, _ in sglang_states] == [(len(ids), 3 * 32) for ids in batch]
@@ -50,7 +50,9 @@ def test_raw_and_normed_finals_differ_by_the_final_norm(qwen_runner):
 def test_other_capture_numbering_is_refused(qwen_runner, monkeypatch):
     stack = qwen_runner.model.model
     monkeypatch.setattr(
-        qwen_runner.model, "set_eagle3_layers_to_capture", lambda ids: setattr(stack, "layers_to_capture", [i + 2 for i in ids])
+        qwen_runner.model,
+        "set_eagle3_layers_to_capture",
+        lambda ids: setattr(stack, "layers_to_capture", [i + 2 for i in ids]),
     )
     with pytest.raises(RuntimeError, match=r"captures decoder-layer inputs \[4, 6, 7\] for requested hidden_states"):
         sglang_capture(qwen_runner)
@@ -85,7 +87,12 @@ def test_gpu_check_passes_equal_backends_and_names_a_wrong_layer(qwen_runner, ti
     expected = capture_in_batches(reference, batch, MAX_BATCH_TOKENS)
     ours = capture_in_batches(sglang_capture(qwen_runner), batch, MAX_BATCH_TOKENS)
     rows = agreement_by_layer(ours, expected, [2, 4, 5], "normed")
-    assert [r.layer for r in rows] == ["aux hidden_states[2]", "aux hidden_states[4]", "aux hidden_states[5]", "final (normed)"]
+    assert [r.layer for r in rows] == [
+        "aux hidden_states[2]",
+        "aux hidden_states[4]",
+        "aux hidden_states[5]",
+        "final (normed)",
+    ]
     assert all(r.ok and r.min_cosine > 0.9999 for r in rows), format_table(rows)
     assert rows[0].tokens == sum(len(ids) for ids in batch)
 

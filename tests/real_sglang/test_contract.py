@@ -95,7 +95,12 @@ def test_the_server_flags_used_parse():
     settings = {"dtype": "float32", "server_args": {"max_total_tokens": 4096, "trust_remote_code": True}}
     flags = [*server_flags("/m", settings, False, 64, 2), *CPU_SERVER_FLAGS]
     args = parser.parse_args(flags)
-    assert (args.tp_size, args.chunked_prefill_size, args.max_total_tokens, args.trust_remote_code) == (2, -1, 4096, True)
+    assert (args.tp_size, args.chunked_prefill_size, args.max_total_tokens, args.trust_remote_code) == (
+        2,
+        -1,
+        4096,
+        True,
+    )
     parser.parse_args(["--model-path", "/m", *CPU_LAUNCH_ARGS])
 
 

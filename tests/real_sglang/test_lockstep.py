@@ -39,9 +39,17 @@ def test_two_ranks_resume_in_lockstep(tmp_path, tiny_model_dir, qwen_runner):
     (tmp_path / "samples.json").write_text(json.dumps(samples))
     subprocess.run(
         [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
             str(Path(__file__).with_name("lockstep_ranks.py")),
-            str(tiny_model_dir), str(tmp_path / "samples.json"), str(tmp_path), json.dumps(SETTINGS),
+            str(tiny_model_dir),
+            str(tmp_path / "samples.json"),
+            str(tmp_path),
+            json.dumps(SETTINGS),
         ],
         check=True,
         timeout=900,
@@ -54,13 +62,19 @@ def test_two_ranks_resume_in_lockstep(tmp_path, tiny_model_dir, qwen_runner):
     assert len(parts) >= 3
     batches = [len(plan_batches([lengths[i] for i in part], 64, packed=True)) for part in parts]
     # Every rank made every forward pass; only rank 0 wrote; resuming redid only the missing parts.
-    assert [r["full"] for r in reports] == [{"extends": sum(batches), "index": True}, {"extends": sum(batches), "index": False}]
+    assert [r["full"] for r in reports] == [
+        {"extends": sum(batches), "index": True},
+        {"extends": sum(batches), "index": False},
+    ]
     assert [r["resumed"]["extends"] for r in reports] == [sum(batches[2:])] * 2
 
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     assert sorted(p.name for p in full.iterdir()) == sorted(p.name for p in resumed.iterdir())
-    for part in full.iterdir():
+    for part in full.glob("part-*"):
         assert (resumed / part.name).read_bytes() == part.read_bytes(), part.name
+    index, resumed_index = (json.loads((d / "index.json").read_text()) for d in (full, resumed))
+    assert resumed_index["throughput"]["tokens"] == sum(lengths[i] for part in parts[2:] for i in part)
+    assert {**index, "throughput": None} == {**resumed_index, "throughput": None}  # all but the timing
     assert HiddenShard(resumed).ids == [s["id"] for s in samples]
 
     # Against SGLang tp=1 in this process: the same states, up to the order of the all-reduce.

@@ -17,8 +17,8 @@ import torch
 
 from eagle3_datagen.backends.sglang import SGLangBackend
 from eagle3_datagen.chat import load_tokenizer, render_ids
-from eagle3_datagen.io import read_jsonl, write_jsonl_zst
 from eagle3_datagen.generation import Budgets, run_journaled_responses
+from eagle3_datagen.io import read_jsonl, write_jsonl_zst
 
 from .conftest import CPU_LAUNCH_ARGS
 
@@ -92,9 +92,16 @@ def test_responses_are_hf_greedy_ids_through_both_tiers(server, served_model_dir
         for i, text in enumerate(["Hi.", "Tell me a long story about a dragon who lived in the mountains near a lake."])
     ]
     write_jsonl_zst(tmp_path / "prompts.jsonl.zst", prompts)
-    tiers = {"short": {"max_prompt_tokens": 12, "concurrency": 2, "max_tokens": 6}, "long": {"concurrency": 1, "max_tokens": 3}}
-    backend = SGLangBackend(served_model_dir, {"max_new_tokens": 6, "temperature": 0.0}, {"url": url, "tiers": tiers}, {})
-    run_journaled_responses(tmp_path / "prompts.jsonl.zst", tmp_path / "out.jsonl.zst", tmp_path / "s.json", backend, Budgets())
+    tiers = {
+        "short": {"max_prompt_tokens": 12, "concurrency": 2, "max_tokens": 6},
+        "long": {"concurrency": 1, "max_tokens": 3},
+    }
+    backend = SGLangBackend(
+        served_model_dir, {"max_new_tokens": 6, "temperature": 0.0}, {"url": url, "tiers": tiers}, {}
+    )
+    run_journaled_responses(
+        tmp_path / "prompts.jsonl.zst", tmp_path / "out.jsonl.zst", tmp_path / "s.json", backend, Budgets()
+    )
     tokenizer = load_tokenizer(served_model_dir)
     turns = {}
     for row in read_jsonl(tmp_path / "out.jsonl.zst"):
@@ -121,7 +128,12 @@ def test_a_stop_id_ends_generation_with_the_matched_id_kept(server, hf_model):
         "/generate",
         {
             "input_ids": prompt_ids,
-            "sampling_params": {"max_new_tokens": 8, "temperature": 0.0, "stop_token_ids": [stop], "no_stop_trim": True},
+            "sampling_params": {
+                "max_new_tokens": 8,
+                "temperature": 0.0,
+                "stop_token_ids": [stop],
+                "no_stop_trim": True,
+            },
         },
     )
     assert body["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
@@ -132,6 +144,8 @@ def test_gpu_checks_generate_comparison_agrees_with_the_server(server, served_mo
     from eagle3_datagen.gpu_check import generate_agreement
 
     url, _ = server
-    result = generate_agreement(url, served_model_dir, [[9707, 11, 1879], [40, 1079, 264, 3460, 13]], 5, {"dtype": "float32"})
+    result = generate_agreement(
+        url, served_model_dir, [[9707, 11, 1879], [40, 1079, 264, 3460, 13]], 5, {"dtype": "float32"}
+    )
     assert (result.prompts, result.exact, result.first_token, result.ok) == (2, 2, 2, True)
     assert result.row().endswith("ok")
