@@ -118,28 +118,6 @@ def test_responses_are_hf_greedy_ids_through_both_tiers(server, served_model_dir
     assert {t["produced_by"]["tier"] for t in turns.values()} == {"short", "long"}
 
 
-def test_a_stop_id_ends_generation_with_the_matched_id_kept(server, hf_model):
-    url, _ = server
-    prompt_ids = [9707, 11, 1879, 0, 42]
-    expected = greedy(hf_model, prompt_ids, 8)
-    stop = expected[3]
-    body = post(
-        url,
-        "/generate",
-        {
-            "input_ids": prompt_ids,
-            "sampling_params": {
-                "max_new_tokens": 8,
-                "temperature": 0.0,
-                "stop_token_ids": [stop],
-                "no_stop_trim": True,
-            },
-        },
-    )
-    assert body["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-    assert body["output_ids"] == expected[: expected.index(stop) + 1]
-
-
 def test_gpu_checks_generate_comparison_agrees_with_the_server(server, served_model_dir):
     from eagle3_datagen.gpu_check import generate_agreement
 
