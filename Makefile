@@ -6,7 +6,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Cache compiled bytecode: every job imports torch and transformers afresh.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install demo tiny-kimi test lint clean
+.PHONY: install sglang-env check-envs demo tiny-kimi test lint clean
 
 install: $(VENV)/.installed
 
@@ -17,14 +17,33 @@ $(VENV)/.installed: envs/requirements.txt pyproject.toml
 	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps -e .
 	touch $@
 
+# SGLang 0.5.23 on the CPU, for the tests in tests/real_sglang (a second venv: SGLang pins transformers 5.19.0).
+SGLANG_VENV ?= .venv-sglang
+sglang-env: $(SGLANG_VENV)/.installed
+
+$(SGLANG_VENV)/.installed: envs/sglang-cpu.txt pyproject.toml | install
+	python3 -m venv $(SGLANG_VENV)
+	$(VENV)/bin/uv pip install --quiet --python $(SGLANG_VENV)/bin/python --no-deps $(FIND_LINKS) -r envs/sglang-cpu.txt
+	$(VENV)/bin/uv pip install --quiet --python $(SGLANG_VENV)/bin/python --no-deps -e .
+	$(SGLANG_VENV)/bin/python -c "import torch, sys; sys.exit(torch.version.cuda and f'{torch.__version__}: a CUDA torch')"
+	touch $@
+
+# envs/sglang.yaml's pip pins resolve together (package metadata only: nothing is installed).
+check-envs: install
+	$(PY) -c "import yaml; deps = yaml.safe_load(open('envs/sglang.yaml'))['dependencies']; \
+	print('\n'.join(p for d in deps if isinstance(d, dict) for p in d['pip'] if not p.startswith('-e')))" > .sglang-yaml.txt
+	$(VENV)/bin/uv pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_34 \
+		.sglang-yaml.txt -o /dev/null; status=$$?; rm -f .sglang-yaml.txt; exit $$status
+
 demo: install
 	snakemake --profile profiles/local
 
 tiny-kimi: install
-	snakemake --profile profiles/local --configfile config/tiny-kimi.yaml
+	snakemake --profile local --configfile config/tiny-kimi.yaml
 
-test: install
+test: install sglang-env
 	pytest -q
+	$(SGLANG_VENV)/bin/python -m pytest -q -o addopts=-ra tests/real_sglang
 
 lint: install
 	ruff check src scripts tests

@@ -37,8 +37,8 @@ def test_aux_layers_auto_is_eagle3_choice():
     assert resolve_aux_layers(61, "auto") == [2, 30, 58]
     assert resolve_aux_layers(8, "auto") == [2, 4, 5]
     assert resolve_aux_layers(8, [1, 7]) == [1, 7]
-    with pytest.raises(ValueError, match="distinct hidden_states indices in 1..8"):
-        resolve_aux_layers(8, [2, 9])
+    with pytest.raises(ValueError, match="distinct hidden_states indices in 1..7"):
+        resolve_aux_layers(8, [2, 8])  # the last layer's output is never an auxiliary state
 
 
 def test_plans_cover_every_sample_once():

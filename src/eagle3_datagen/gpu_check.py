@@ -1,13 +1,17 @@
-"""Compare the `sglang` hidden-state backend with `hf`, layer by layer, on a small model.
+"""Compare SGLang with `hf` on a small model: hidden states layer by layer, and generated IDs.
 
-`scripts/gpu_check.py` runs this on a GPU node under torchrun. The two backends share nothing
-but the model's weights: transformers' hooks on one side, SGLang's EAGLE-3 capture on the
-other, so agreement means the sglang backend stores the layers the configuration names.
+`scripts/gpu_check.py` runs this on a GPU node under torchrun (and, in the tests, on a CPU). The
+two backends share nothing but the model's weights: transformers' hooks on one side, SGLang's
+EAGLE-3 capture on the other, so agreement means the sglang backend stores the layers the
+configuration names; a server's greedy `/generate` IDs are compared with transformers' greedy
+generation of the same prompts.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -107,22 +111,100 @@ def write_check_model(out_dir: str | Path, seed: int = 0) -> Path:
     return out_dir
 
 
+@dataclass
+class GenerateAgreement:
+    prompts: int
+    new_tokens: int
+    exact: int  # prompts whose generated IDs equal transformers' exactly
+    first_token: int  # prompts whose first generated ID equals transformers'
+
+    @property
+    def ok(self) -> bool:
+        # bf16 kernels may break a near-tie late in a sequence; a wrong model or template differs at once.
+        return self.first_token == self.prompts and self.exact >= 0.9 * self.prompts
+
+    def row(self) -> str:
+        return (
+            f"{'generate (greedy ids)':<26} {self.prompts:>7} exact {self.exact}/{self.prompts}, "
+            f"first token {self.first_token}/{self.prompts}, {self.new_tokens} new tokens  "
+            f"{'ok' if self.ok else 'MISMATCH'}"
+        )
+
+
+def generate_agreement(
+    url: str, model_dir: str | Path, prompts: list[list[int]], new_tokens: int, settings: dict
+) -> GenerateAgreement:
+    """A server's greedy `/generate` (input_ids in, output_ids back) against transformers' greedy generation."""
+    from .models import load_causal_lm
+
+    lm = load_causal_lm(model_dir, settings)
+    exact = first = 0
+    for ids in prompts:
+        payload = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True},
+        }
+        request = urllib.request.Request(
+            url.rstrip("/") + "/generate", json.dumps(payload).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=600) as response:
+            served = json.loads(response.read())["output_ids"]
+        with torch.inference_mode():
+            out = lm.generate(
+                torch.tensor([ids], device=lm.device),
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        expected = out[0, len(ids) :].tolist()
+        exact += served == expected
+        first += served[:1] == expected[:1]
+    return GenerateAgreement(len(prompts), new_tokens, exact, first)
+
+
 def run_gpu_check(
-    model_dir: str | Path | None, work_dir: str | Path, samples: int, max_batch_tokens: int, dtype: str
+    model_dir: str | Path | None,
+    work_dir: str | Path,
+    samples: int,
+    max_batch_tokens: int,
+    dtype: str,
+    device: str = "cuda",
+    url: str | None = None,
+    launch_args: Sequence[str] | None = None,
+    new_tokens: int = 32,
 ) -> tuple[bool, list[dict]]:
-    """On every torchrun rank: capture with SGLang (both finals), then on rank 0 with `hf`
-    on one GPU, and compare. Returns (all layers agree, per-layer records) on rank 0."""
-    from .capture_sglang import SGLangCapture, SGLangModelRunner, TensorParallelRanks, join_torchrun
+    """On every torchrun rank: capture with SGLang (both finals), then on rank 0 with `hf` and
+    compare; then, with `url` (launching a server there when `launch_args` is given), compare the
+    server's greedy IDs with `hf`'s. Returns (everything agrees, records) on rank 0."""
+    import torch.distributed as dist
+
+    from .backends.sglang import launched_server
+    from .capture_sglang import (
+        CPU_SERVER_FLAGS,
+        SGLangCapture,
+        SGLangModelRunner,
+        TensorParallelRanks,
+        join_torchrun,
+        server_flags,
+    )
     from .hidden import HFCapture
 
-    join_torchrun()
+    rank, local_rank = join_torchrun(device)
     ranks = TensorParallelRanks()
     if model_dir is None:
         # Rank 0 builds the model; every rank loads it from rank 0's path.
         model_dir = ranks.agree(str(write_check_model(Path(work_dir) / "check-model")) if ranks.writer else None)
     settings = {"dtype": dtype, "mem_fraction_static": 0.5}
-    runner = SGLangModelRunner(model_dir, settings, trust_remote_code=False, max_batch_tokens=max_batch_tokens)
-    batch = random_batch(runner.hf_config.vocab_size, samples)
+    if device == "cpu":
+        settings = {
+            "dtype": dtype,
+            "mem_fraction_static": 0.05,
+            "server_args": {"max_total_tokens": 4 * max_batch_tokens},
+        }
+    flags = server_flags(model_dir, settings, False, max_batch_tokens, dist.get_world_size())
+    runner = SGLangModelRunner([*flags, *(CPU_SERVER_FLAGS if device == "cpu" else ())], rank=rank, gpu_id=local_rank)
+    batch = random_batch(runner.hf_config.vocab_size, samples, hi=min(512, max_batch_tokens))
     ours = {
         final: capture_in_batches(SGLangCapture(runner, "auto", final, ranks), batch, max_batch_tokens)
         for final in ("normed", "raw")
@@ -130,10 +212,24 @@ def run_gpu_check(
     if not ranks.writer:
         return True, []
     rows: list[LayerAgreement] = []
+    hf_settings = {"dtype": dtype, "device": device}
     for final, states in ours.items():
-        reference = HFCapture(model_dir, "auto", final, {"dtype": dtype, "device": "cuda"})
+        reference = HFCapture(model_dir, "auto", final, hf_settings)
         expected = capture_in_batches(reference, batch, max_batch_tokens)
         compared = agreement_by_layer(states, expected, reference.aux_layers, final)
         rows += compared if final == "normed" else compared[-1:]  # auxiliary layers do not depend on `final`
-    print(format_table(rows), flush=True)
-    return all(r.ok for r in rows), as_records(rows)
+    table = format_table(rows)
+    records = as_records(rows)
+    ok = all(r.ok for r in rows)
+    if url:
+        prompts = [ids[:64] for ids in batch[:8]]
+        if launch_args is not None:
+            with launched_server(model_dir, url, {"args": list(launch_args)}, Path(work_dir) / "server.log"):
+                generated = generate_agreement(url, model_dir, prompts, new_tokens, hf_settings)
+        else:
+            generated = generate_agreement(url, model_dir, prompts, new_tokens, hf_settings)
+        table += "\n" + generated.row()
+        records.append({"layer": "generate", **asdict(generated), "ok": generated.ok})
+        ok = ok and generated.ok
+    print(table, flush=True)
+    return ok, records

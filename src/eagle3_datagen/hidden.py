@@ -44,11 +44,14 @@ COLUMNS = ("input_ids", "loss_mask", "aux_hidden_states", "hidden_states")
 
 
 def resolve_aux_layers(num_layers: int, spec: str | Sequence[int]) -> list[int]:
-    """`auto` is EAGLE-3's choice, hidden_states indices [2, N//2, N-3]; lists are checked."""
+    """`auto` is EAGLE-3's choice, hidden_states indices [2, N//2, N-3]; lists are checked.
+
+    Index N (the last layer's output) is refused: SGLang captures layer inputs, so it can never
+    hand it over as an auxiliary state (`final: raw` stores it)."""
     layers = [2, num_layers // 2, num_layers - 3] if spec == "auto" else [int(i) for i in spec]
-    if len(set(layers)) != len(layers) or any(not 1 <= i <= num_layers for i in layers):
+    if len(set(layers)) != len(layers) or any(not 1 <= i < num_layers for i in layers):
         raise ValueError(
-            f"aux_layers {layers} must be distinct hidden_states indices in 1..{num_layers} "
+            f"aux_layers {layers} must be distinct hidden_states indices in 1..{num_layers - 1} "
             f"for a {num_layers}-layer model"
         )
     return layers

@@ -1,6 +1,6 @@
 """A loopback stand-in for SGLang's and OpenRouter's HTTP APIs, with fault injection.
 
-Tests and benchmarks run the real backends against it: `/health`, `/get_model_info` and
+Tests and benchmarks run the real backends against it: `/health`, `/model_info` and
 `/generate` answer as SGLang does (exact `output_ids` from the model's tokenizer, the matched
 end-of-turn token included), `/chat/completions` as OpenRouter does (text, reasoning, usage
 with cost, provider). Faults follow a plan: for the requests whose content hashes into
@@ -74,7 +74,7 @@ class Loopback:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/health", self.health)
-        app.router.add_get("/get_model_info", self.model_info)
+        app.router.add_get("/model_info", self.model_info)
         app.router.add_get("/stats", self.stats)
         app.router.add_post("/generate", self.generate)
         app.router.add_post("/chat/completions", self.chat)
@@ -225,7 +225,7 @@ def serve_in_thread(loopback: Loopback) -> Iterator[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description="Serve the loopback stand-in (SGLang and OpenRouter APIs).")
-    p.add_argument("--model-path", required=True, help="reported by /get_model_info; its tokenizer answers /generate")
+    p.add_argument("--model-path", required=True, help="reported by /model_info; its tokenizer answers /generate")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--faults", type=json.loads, default={}, help="a FaultPlan as JSON")

@@ -126,7 +126,7 @@ class SGLangBackend:
             await asyncio.sleep(1.0)
 
     async def _check_model(self) -> None:
-        _, info = await self.client.get("/get_model_info")
+        _, info = await self.client.get("/model_info")  # 0.5.23 deprecates /get_model_info for it
         served = Path(str((info or {}).get("model_path", ""))).name
         if served != self.model:
             raise ServerError(

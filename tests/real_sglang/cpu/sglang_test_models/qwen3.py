@@ -1,0 +1,1 @@
+from sglang.srt.models.qwen3 import EntryClass  # noqa: F401

@@ -1,0 +1,129 @@
+"""The `sglang` responses backend against a real `sglang.launch_server` (0.5.23, CPU, float32).
+
+One server serves the whole module; it is started the way the workflow's server job starts it
+(`launched_server`) inside a job process, and stopped at the end by SIGTERM to that job.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+
+from eagle3_datagen.backends.sglang import SGLangBackend
+from eagle3_datagen.chat import load_tokenizer, render_ids
+from eagle3_datagen.generation import Budgets, run_journaled_responses
+from eagle3_datagen.io import read_jsonl, write_jsonl_zst
+
+from .conftest import CPU_LAUNCH_ARGS
+
+JOB = """
+import sys, time
+from eagle3_datagen.backends.sglang import launched_server
+launch = {"args": %r, "health_timeout": 900}
+with launched_server(%r, %r, launch, %r) as server:
+    print(server.pid, flush=True)
+    time.sleep(3600)
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, served_model_dir):
+    """(url, server pid) of a real SGLang server; on teardown, SIGTERM to its job stops it."""
+    url = f"http://127.0.0.1:{21000 + os.getpid() % 1000}"
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    job = subprocess.Popen(
+        [sys.executable, "-c", JOB % (CPU_LAUNCH_ARGS, str(served_model_dir), url, str(log))],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = job.stdout.readline()
+    if not line:
+        pytest.fail(f"the SGLang server did not start:\n{log.read_text()[-3000:]}")
+    server_pid = int(line)
+    yield url, server_pid
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=120) != 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    pytest.fail("the SGLang server outlived its job's SIGTERM")
+
+
+@pytest.fixture(scope="module")
+def hf_model(served_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(served_model_dir, dtype=torch.float32).eval()
+
+
+def greedy(hf_model, prompt_ids, max_new_tokens):
+    out = hf_model.generate(
+        torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def post(url, path, payload=None):
+    data = None if payload is None else json.dumps(payload).encode()
+    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())
+
+
+def test_model_info_names_model_path(server, served_model_dir):
+    url, _ = server
+    assert post(url, "/model_info")["model_path"] == str(served_model_dir)
+
+
+def test_responses_are_hf_greedy_ids_through_both_tiers(server, served_model_dir, hf_model, tmp_path):
+    url, _ = server
+    prompts = [
+        {"id": f"p{i}", "source": "test", "messages": [{"role": "user", "content": text}]}
+        for i, text in enumerate(["Hi.", "Tell me a long story about a dragon who lived in the mountains near a lake."])
+    ]
+    write_jsonl_zst(tmp_path / "prompts.jsonl.zst", prompts)
+    tiers = {
+        "short": {"max_prompt_tokens": 12, "concurrency": 2, "max_tokens": 6},
+        "long": {"concurrency": 1, "max_tokens": 3},
+    }
+    backend = SGLangBackend(
+        served_model_dir, {"max_new_tokens": 6, "temperature": 0.0}, {"url": url, "tiers": tiers}, {}
+    )
+    run_journaled_responses(
+        tmp_path / "prompts.jsonl.zst", tmp_path / "out.jsonl.zst", tmp_path / "s.json", backend, Budgets()
+    )
+    tokenizer = load_tokenizer(served_model_dir)
+    turns = {}
+    for row in read_jsonl(tmp_path / "out.jsonl.zst"):
+        [turn] = [m for m in row["messages"] if m["role"] == "assistant"]
+        turns[row["id"]] = turn
+    for prompt in prompts:
+        turn = turns[prompt["id"]]
+        prompt_ids = render_ids(tokenizer, prompt["messages"], True, {})
+        tier = "short" if len(prompt_ids) <= 12 else "long"
+        assert turn["produced_by"]["tier"] == tier
+        assert turn["output_ids"] == greedy(hf_model, prompt_ids, tiers[tier]["max_tokens"])
+        assert turn["finish_reason"] == "length"
+        assert turn["produced_by"]["finish_reason"]["type"] == "length"
+    assert {t["produced_by"]["tier"] for t in turns.values()} == {"short", "long"}
+
+
+def test_gpu_checks_generate_comparison_agrees_with_the_server(server, served_model_dir):
+    from eagle3_datagen.gpu_check import generate_agreement
+
+    url, _ = server
+    result = generate_agreement(
+        url, served_model_dir, [[9707, 11, 1879], [40, 1079, 264, 3460, 13]], 5, {"dtype": "float32"}
+    )
+    assert (result.prompts, result.exact, result.first_token, result.ok) == (2, 2, 2, True)
+    assert result.row().endswith("ok")
