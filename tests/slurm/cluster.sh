@@ -14,6 +14,7 @@ MARKER="# written by eagle3-datagen tests/slurm/cluster.sh"
 ACTION=${1:?usage: cluster.sh start|stop STATE_DIR}
 STATE=$(realpath -m "${2:?usage: cluster.sh start|stop STATE_DIR}")
 NODE=$(hostname -s)
+DB_PORT=3307
 # Daemons in the order they start; stop goes in reverse.
 DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)
 
@@ -102,9 +103,9 @@ SlurmUser=root
 PidFile=$STATE/run/slurmdbd.pid
 LogFile=$STATE/log/slurmdbd.log
 StorageType=accounting_storage/mysql
-StorageHost=localhost
-StoragePort=0
-StorageUser=root
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=slurm
 StorageLoc=slurm_acct_db
 EOF
     chmod 600 /etc/slurm/slurmdbd.conf
@@ -112,22 +113,30 @@ EOF
 
 start() {
     write_configs
-    # munged refuses a socket directory others cannot traverse.
-    mkdir -p /run/munge /run/mysqld
-    chown munge:munge /run/munge
-    chmod 0755 /run/munge
-    rm -f /run/munge/munged.pid
-    runuser -u munge -- /usr/sbin/munged >"$STATE/log/munged.log" 2>&1
-    wait_for 10 munged test -s /run/munge/munged.pid
-    cp /run/munge/munged.pid "$STATE/run/munged.pid"
+    # A munged the package's service already runs is used (and left running).
+    if ! (munge -n | unmunge) >/dev/null 2>&1; then
+        # munged refuses a socket directory others cannot traverse.
+        mkdir -p /run/munge
+        chown munge:munge /run/munge
+        chmod 0755 /run/munge
+        rm -f /run/munge/munged.pid
+        runuser -u munge -- /usr/sbin/munged >"$STATE/log/munged.log" 2>&1
+        wait_for 10 munged test -s /run/munge/munged.pid
+        cp /run/munge/munged.pid "$STATE/run/munged.pid"
+    fi
 
-    # A private MariaDB on the default socket, no TCP, root without a password.
+    # A private MariaDB (its own socket and port, beside any the package's service runs) with a
+    # passwordless user for slurmdbd on 127.0.0.1.
+    local sql=(mariadb --socket="$STATE/run/mysqld.sock" -uroot)
     [[ -d $STATE/db/mysql ]] || mariadb-install-db --datadir="$STATE/db" --user=root \
         --auth-root-authentication-method=normal >"$STATE/log/mariadb-install.log" 2>&1
-    /usr/sbin/mariadbd --datadir="$STATE/db" --user=root --skip-networking \
-        --socket=/run/mysqld/mysqld.sock --pid-file="$STATE/run/mariadbd.pid" \
-        --log-error="$STATE/log/mariadbd.log" </dev/null >/dev/null 2>&1 &
-    wait_for 30 mariadbd mariadb --socket=/run/mysqld/mysqld.sock -uroot -e "select 1"
+    /usr/sbin/mariadbd --no-defaults --datadir="$STATE/db" --user=root \
+        --bind-address=127.0.0.1 --port="$DB_PORT" --socket="$STATE/run/mysqld.sock" \
+        --pid-file="$STATE/run/mariadbd.pid" --log-error="$STATE/log/mariadbd.log" \
+        </dev/null >/dev/null 2>&1 &
+    wait_for 30 mariadbd "${sql[@]}" -e "select 1"
+    "${sql[@]}" -e "CREATE USER IF NOT EXISTS slurm@'127.0.0.1';
+        GRANT ALL ON slurm_acct_db.* TO slurm@'127.0.0.1';"
 
     /usr/sbin/slurmdbd
     wait_for 30 slurmdbd sacctmgr -n list cluster
