@@ -87,6 +87,35 @@ def test_a_request_no_node_can_meet_fails_before_any_submission(slurm_cluster, t
 
 
 @needs_cluster
+def test_prompt_jobs_under_slurm_match_the_local_run(slurm_cluster, tmp_path):
+    """Every prompts job through sbatch and sacct, one of them on the gpu partition with gpu=8."""
+    targets = [
+        f"results/{p}/prompts/{name}"
+        for p, shards in [("demo_alpaca", 1), ("demo_openai", 2), ("demo_sharegpt", 2)]
+        for name in ["stats.json", *[f"{s:05d}.jsonl.zst" for s in range(shards)]]
+    ]
+    local = copy_workflow(tmp_path / "local")
+    snakemake([*targets, "--profile", "profiles/local"], local)
+    work = copy_workflow(tmp_path / "slurm")
+    (work / "slurm.yaml").write_text(yaml.safe_dump(demo_config(**NODE_SIZED)))
+    before = {job["id"] for job in sacct_jobs()}
+    snakemake(
+        [*targets, *SLURM_ARGS, "--configfile", "slurm.yaml",
+         "--set-resources", "prompts_demo_sharegpt:slurm_partition=gpu", "prompts_demo_sharegpt:gpu=8"],
+        work,
+    )  # fmt: skip
+    jobs = {job["comment"]: job for job in sacct_jobs() if job["id"] not in before}
+    assert sorted(jobs) == ["rule_prompts_demo_alpaca", "rule_prompts_demo_openai", "rule_prompts_demo_sharegpt"]
+    assert all(job["state"] == "COMPLETED" for job in jobs.values()), jobs
+    assert jobs["rule_prompts_demo_sharegpt"]["partition"] == "gpu"
+    assert "gres/gpu=8" in jobs["rule_prompts_demo_sharegpt"]["tres"]
+    assert jobs["rule_prompts_demo_alpaca"]["partition"] == "cpu"
+    assert "gres/gpu" not in jobs["rule_prompts_demo_alpaca"]["tres"]
+    for target in targets:
+        assert (work / target).read_bytes() == (local / target).read_bytes(), target
+
+
+@needs_cluster
 def test_demo_under_slurm_matches_the_local_run(slurm_cluster, demo_dir, tmp_path):
     work = copy_workflow(tmp_path / "wf")
     (work / "slurm.yaml").write_text(yaml.safe_dump(demo_config(**NODE_SIZED)))
