@@ -1,5 +1,6 @@
 from snakemake.exceptions import WorkflowError
 
+from eagle3_datagen import cluster_fit
 from eagle3_datagen import workflow as wf
 
 PARTITIONS = sorted(config["partitions"])
@@ -71,6 +72,8 @@ HIDDEN_LAUNCHER = (
     else "python"
 )
 HIDDEN_ENV = "../envs/sglang.yaml" if HIDDEN_SGLANG else "../envs/cpu.yaml"
+# What the heavy rules' cluster jobs ask for; other jobs take the profile's default-resources.
+JOB_RESOURCES = config["resources"]["jobs"]
 PROBE_SETTINGS = {p: wf.as_json(wf.probe_settings(config, p)) for p in PARTITIONS}
 
 
@@ -122,3 +125,28 @@ def get_partition_stage_files(wildcards):
         "hidden": get_partition_hidden_shards(wildcards),
         "probes": expand("results/{p}/probe/{s}.json", p=p, s=shards(p)),
     }
+
+
+def check_slurm_requests():
+    """A request no node can meet fails here, before any sbatch, instead of pending forever."""
+    if workflow.executor_plugin and workflow.executor_plugin.name == "slurm":
+        cluster_fit.check(get_slurm_requests(), cluster_fit.read_nodes())
+
+
+def get_slurm_requests():
+    """What each scheduled job asks SLURM for, read as the slurm executor plugin reads it."""
+    return [
+        cluster_fit.Request(
+            name=job.rule.name,
+            partition=job.resources.get("slurm_partition"),
+            cpus=job.resources.get("cpus_per_task") or job.threads,
+            mem_mb=job.resources.get("mem_mb", 0),
+            runtime=job.resources.get("runtime", 0),
+            gpus=job.resources.get("gpu", 0),
+        )
+        for job in workflow.dag.needrun_jobs()
+    ]
+
+
+onstart:
+    check_slurm_requests()

@@ -14,6 +14,9 @@ rule hidden_states:
     resources:
         gpu=HIDDEN_GPUS,
         slurm_partition="gpu" if HIDDEN_GPUS else "cpu",
+        mem_mb=JOB_RESOURCES["hidden_states"]["mem_mb"],
+        cpus_per_task=JOB_RESOURCES["hidden_states"]["cpus_per_task"],
+        runtime=JOB_RESOURCES["hidden_states"]["runtime"],
     params:
         settings=HIDDEN_SETTINGS,
         launcher=HIDDEN_LAUNCHER,

@@ -45,6 +45,9 @@ if SERVER_PARTITIONS:
         resources:
             gpu=config["resources"]["gpus_per_node"],
             slurm_partition="gpu",
+            mem_mb=JOB_RESOURCES["responses_sglang_server"]["mem_mb"],
+            cpus_per_task=JOB_RESOURCES["responses_sglang_server"]["cpus_per_task"],
+            runtime=JOB_RESOURCES["responses_sglang_server"]["runtime"],
         params:
             settings=RESPONSE_SETTINGS[SERVER_PARTITIONS[0]],
         shell:

@@ -1,0 +1,130 @@
+"""Before any SLURM submission: does every job's request fit some node of its partition?
+
+`sbatch` accepts a job that asks for more CPUs than any node of its partition has, and the job
+then pends forever (`Reason=PartitionConfig`): the workflow hangs instead of failing. The
+workflow's `onstart` hook (executor `slurm` only) compares each scheduled job's request with
+`sinfo`'s nodes and stops with a message naming the rule, the request and the config key to fix.
+The executor plugin has no such check: its `--slurm-partition-config` only picks a partition.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+
+SINFO_FORMAT = "%P|%c|%m|%G|%l"
+
+
+class UnsatisfiableRequest(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Node:
+    partition: str
+    cpus: int
+    mem_mb: int
+    gpus: int
+    max_minutes: int | None  # None: no time limit
+    default: bool = False
+
+
+@dataclass(frozen=True)
+class Request:
+    name: str  # the rule
+    partition: str | None  # None: the cluster's default partition
+    cpus: int
+    mem_mb: int
+    runtime: int  # minutes
+    gpus: int
+
+
+def gres_gpus(gres: str) -> int:
+    """GPUs in a `sinfo %G` field such as `gpu:8`, `gpu:h200:8(S:0-1)` or `(null)`."""
+    return sum(int(m) for m in re.findall(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)", gres))
+
+
+def minutes(limit: str) -> int | None:
+    """A SLURM time limit (`infinite`, `MM`, `MM:SS`, `HH:MM:SS`, `D-HH[:MM[:SS]]`) in minutes."""
+    if limit in ("infinite", "UNLIMITED"):
+        return None
+    days, _, clock = limit.rpartition("-")
+    parts = [int(x) for x in clock.split(":")]
+    if days:
+        hours, mins = (parts + [0, 0])[:2]
+    elif len(parts) == 3:
+        hours, mins = parts[:2]
+    else:  # MM or MM:SS
+        hours, mins = 0, parts[0]
+    return int(days or 0) * 1440 + hours * 60 + mins
+
+
+def parse_sinfo(text: str) -> list[Node]:
+    """Nodes from `sinfo --noheader --Node --format` with SINFO_FORMAT (`*` marks the default)."""
+    nodes = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        partition, cpus, mem, gres, limit = line.strip().split("|")
+        nodes.append(
+            Node(
+                partition=partition.rstrip("*"),
+                cpus=int(cpus),
+                mem_mb=int(mem.rstrip("+")),
+                gpus=gres_gpus(gres),
+                max_minutes=minutes(limit),
+                default=partition.endswith("*"),
+            )
+        )
+    return nodes
+
+
+def read_nodes() -> list[Node]:
+    out = subprocess.run(
+        ["sinfo", "--noheader", "--Node", f"--format={SINFO_FORMAT}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return parse_sinfo(out)
+
+
+def fits(request: Request, node: Node) -> bool:
+    return (
+        request.cpus <= node.cpus
+        and request.mem_mb <= node.mem_mb
+        and request.gpus <= node.gpus
+        and (node.max_minutes is None or request.runtime <= node.max_minutes)
+    )
+
+
+def problems(requests: list[Request], nodes: list[Node]) -> list[str]:
+    """One line per distinct request that no node of its partition can run."""
+    lines = []
+    for request in sorted(set(requests), key=lambda r: (r.name, r.partition or "")):
+        partition = request.partition or next((n.partition for n in nodes if n.default), None)
+        candidates = [n for n in nodes if n.partition == partition]
+        asks = f"cpus_per_task={request.cpus}, mem_mb={request.mem_mb}, runtime={request.runtime}, gpu={request.gpus}"
+        if not candidates:
+            lines.append(f"rule {request.name}: partition {partition!r} does not exist ({asks})")
+        elif not any(fits(request, n) for n in candidates):
+            largest = max(candidates, key=lambda n: (n.cpus, n.mem_mb, n.gpus))
+            limit = largest.max_minutes if largest.max_minutes is not None else "unlimited"
+            lines.append(
+                f"rule {request.name} asks partition {partition!r} for {asks}; its largest node "
+                f"has {largest.cpus} CPUs, {largest.mem_mb} MB, {largest.gpus} GPUs, time limit "
+                f"{limit}"
+            )
+    return lines
+
+
+def check(requests: list[Request], nodes: list[Node]) -> None:
+    found = problems(requests, nodes)
+    if found:
+        raise UnsatisfiableRequest(
+            "SLURM could never start these jobs (sbatch would leave them pending forever):\n  "
+            + "\n  ".join(found)
+            + "\nSet resources.jobs.<rule> in the config (heavy rules), or the profile's "
+            "default-resources and --max-threads (other rules), to what the nodes have."
+        )
