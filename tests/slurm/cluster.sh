@@ -4,7 +4,7 @@
 # through slurmdbd and a private MariaDB so that `sacct` works as on a production cluster.
 #
 #   tests/slurm/cluster.sh start STATE_DIR   # writes /etc/slurm/*.conf, starts the daemons
-#   tests/slurm/cluster.sh stop STATE_DIR    # stops every daemon by its pidfile in STATE_DIR
+#   tests/slurm/cluster.sh stop STATE_DIR    # stops every daemon by its pidfile, removes its configs
 #
 # Needs root. SLURM reads /etc/slurm/slurm.conf (SLURM_CONF alone is lost in the executor's job
 # steps); a slurm.conf not written by this script is never overwritten.
@@ -41,6 +41,11 @@ stop() {
             kill -KILL "$pid" 2>/dev/null || true
         fi
         rm -f "$pidfile"
+    done
+    # With a slurm.conf and no controller, every snakemake call waits 10 s: the slurm executor
+    # plugin runs `scontrol show config` when it is loaded, whichever executor the run uses.
+    for conf in slurm gres slurmdbd; do
+        if grep -qsF "$MARKER" "/etc/slurm/$conf.conf"; then rm -f "/etc/slurm/$conf.conf"; fi
     done
 }
 
