@@ -17,11 +17,11 @@ from eagle3_datagen.capture_sglang import SGLangCapture
 from eagle3_datagen.hidden import (
     HiddenShard,
     SingleProcess,
-    bytes_per_token,
     capture_in_batches,
     plan_batches,
     plan_parts,
 )
+from eagle3_datagen.hidden_codec import Codec
 
 from ..test_hidden import make_samples
 from .conftest import CPU_CAPTURE_SETTINGS
@@ -58,7 +58,7 @@ def test_two_ranks_resume_in_lockstep(tmp_path, tiny_model_dir, qwen_runner):
     )
     reports = [json.loads((tmp_path / f"report.{rank}.json").read_text()) for rank in (0, 1)]
     lengths = [len(s["input_ids"]) for s in samples]
-    parts = plan_parts(lengths, bytes_per_token(3, 32, "float32"), SETTINGS["shard_bytes"])
+    parts = plan_parts(lengths, Codec(dtype="float32").bytes_per_token(3, 32), SETTINGS["shard_bytes"])
     assert len(parts) >= 3
     batches = [len(plan_batches([lengths[i] for i in part], 64, packed=True)) for part in parts]
     # Every rank made every forward pass; only rank 0 wrote; resuming redid only the missing parts.
