@@ -48,13 +48,12 @@ def test_turn_text_is_what_the_k25_template_renders_after_its_generation_prompt(
         "tool_calls": [weather_call("functions.get_weather:0")],
     }
     plain = {"role": "assistant", "content": "Sunny.", "reasoning": "Easy."}
-    tools = {"tools": [WEATHER_TOOL]}
     # A tool-call turn keeps its reasoning in K2.5's rendering; a plain last turn does so only when the
     # template is asked to preserve thinking. Either way: generation prompt + exactly what the model emits.
-    for turn, kwargs in ((call, tools), (plain, {"preserve_thinking": True})):
-        prompt = render_text(kimi_tokenizer, user, True, kwargs)
+    for turn, tools, kwargs in ((call, [WEATHER_TOOL], {}), (plain, None, {"preserve_thinking": True})):
+        prompt = render_text(kimi_tokenizer, user, True, kwargs, tools)
         assert prompt.endswith("<|im_assistant|>assistant<|im_middle|><think>")
-        assert render_text(kimi_tokenizer, [*user, turn], False, kwargs) == prompt + kimi_turn_text(turn)
+        assert render_text(kimi_tokenizer, [*user, turn], False, kwargs, tools) == prompt + kimi_turn_text(turn)
     assert kimi_turn_text(call) == (
         "Call it.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
         '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>'
@@ -104,7 +103,7 @@ def tiny_kimi_responses(tmp_path_factory):
     """The workflow copied and run with config/tiny-kimi.yaml up to the responses (model built and fitted)."""
     work = copy_workflow(tmp_path_factory.mktemp("tiny-kimi") / "wf")
     responses = [f"results/{p}/responses/{s:05d}.jsonl.zst" for p, n in PARTITIONS.items() for s in range(n)]
-    snakemake([*CONFIG, *responses], work)
+    snakemake([*responses, *CONFIG], work)  # targets first: --configfile takes every word after it
     return work
 
 

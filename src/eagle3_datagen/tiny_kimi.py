@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedTokenizerBase
 
-from .chat import encode, render_ids
+from .chat import encode, render_generation_prompt
 from .demo import fit_to_conversations
 from .io import atomic_dir, iter_records
-from .prompts import PARSERS, detect_format, normalize
+from .prompts import PARSERS, detect_format, link_tool_calls, normalize
 from .tiktoken_fast import fast_tokenizer_from_tiktoken
+from .tool_calls import call_id
 
 THINK_END = "</think>"
 END_OF_TURN = "<|im_end|>"
@@ -121,7 +122,7 @@ def _kimi_calls(tool_calls: list[dict], counter: Counter, renamed: dict) -> list
     calls = []
     for call in tool_calls:
         name = call["function"]["name"]
-        kimi_id = f"functions.{name}:{sum(counter.values())}"
+        kimi_id = call_id(name, sum(counter.values()))
         counter[name] += 1
         renamed[call.get("id")] = kimi_id
         calls.append({"id": kimi_id, "type": "function", "function": dict(call["function"])})
@@ -174,11 +175,10 @@ def fitting_samples(
         originals = {}
         for line, record in iter_records(part["source"]):
             fmt = detect_format(record) if part["format"] == "auto" else part["format"]
-            originals[line] = PARSERS[fmt](record)
+            originals[line], _ = link_tool_calls(PARSERS[fmt](record).messages)
         for prompt in normalize(part["source"], part["format"], part.get("system_prompt"), Counter()):
-            kwargs = {**template_kwargs, **({"tools": prompt["tools"]} if prompt.get("tools") else {})}
             for history, turn in regeneration_turns(prompt, originals[prompt["source"]["line"]], reasoning):
-                prompt_ids = render_ids(tokenizer, history, True, kwargs)
+                prompt_ids = render_generation_prompt(tokenizer, history, prompt.get("tools"), template_kwargs)
                 turn_ids = encode(tokenizer, kimi_turn_text(turn))
                 sequences.append(prompt_ids + turn_ids)
                 masks.append([0] * len(prompt_ids) + [1] * len(turn_ids))
