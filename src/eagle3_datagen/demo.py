@@ -17,7 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen3Config, 
 
 from .chat import render_ids
 from .io import atomic_dir, iter_records
-from .prompts import PARSERS, detect_format
+from .prompts import PARSERS, detect_format, link_tool_calls
 
 QWEN3_SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -250,7 +250,7 @@ def training_conversations(sources: list[tuple[str, str]]) -> list[list[dict]]:
     conversations = []
     for path, fmt in sources:
         for _, record in iter_records(path):
-            messages = PARSERS[detect_format(record) if fmt == "auto" else fmt](record)
+            messages, _ = link_tool_calls(PARSERS[detect_format(record) if fmt == "auto" else fmt](record).messages)
             if any(m["role"] == "user" for m in messages) and any(m["role"] == "assistant" for m in messages):
                 conversations.append(messages)
     return conversations
