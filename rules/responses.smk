@@ -31,6 +31,7 @@ if SERVER_PARTITIONS:
     rule responses_sglang_server:
         input:
             prompts=get_server_outputs("prompts"),
+            model=MODEL_INPUT,
         output:
             responses=get_server_outputs("responses"),
             stats=get_server_outputs("stats"),

@@ -118,6 +118,24 @@ def test_responses_are_hf_greedy_ids_through_both_tiers(server, served_model_dir
     assert {t["produced_by"]["tier"] for t in turns.values()} == {"short", "long"}
 
 
+def test_a_stop_id_ends_generation_with_the_matched_id_kept(server):
+    """The stop id is taken from the server's own greedy output: a random tiny model's top two
+    logits can be close enough that transformers' greedy path differs from SGLang's."""
+    url, _ = server
+    prompt_ids = [9707, 11, 1879, 0, 42]
+    sampling = {"max_new_tokens": 8, "temperature": 0.0}
+    free = post(url, "/generate", {"input_ids": prompt_ids, "sampling_params": sampling})
+    assert free["meta_info"]["finish_reason"] == {"type": "length", "length": 8}
+    stop = free["output_ids"][3]
+    stopped = post(
+        url,
+        "/generate",
+        {"input_ids": prompt_ids, "sampling_params": {**sampling, "stop_token_ids": [stop], "no_stop_trim": True}},
+    )
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert stopped["output_ids"] == free["output_ids"][: free["output_ids"].index(stop) + 1]
+
+
 def test_gpu_checks_generate_comparison_agrees_with_the_server(server, served_model_dir):
     from eagle3_datagen.gpu_check import generate_agreement
 
