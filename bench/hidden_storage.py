@@ -1,11 +1,14 @@
 #!/usr/bin/env python
 """Hidden-state storage settings compared on the same states: bytes, speed and what they cost.
 
-States come from greedy continuations (so the probe's agreement is meaningful) of three sources:
-the demo model (`results/demo/model`, build it with `make demo` or its build_demo_model rule),
-a tiny random DeepseekV3 (Kimi-K2.5's architecture: MLA attention, MoE; built from a config
-here), and the demo model's states with massive-activation outliers injected (a few channels of
-every auxiliary layer scaled 100-1000x). Each is captured once in float32; every setting then
+States come from greedy continuations (so the probe's agreement is meaningful) of four sources:
+(a) the demo model (`results/demo/model`, build it with `make demo` or its build_demo_model rule),
+(b) a tiny random DeepseekV3 (Kimi-K2.5's architecture: MLA attention, MoE; built from a config
+here), (c) the demo model's states with massive-activation outliers injected (a few channels of
+every auxiliary layer scaled 100-1000x), and (d) the tiny Kimi model (`results/tiny-kimi/model`:
+DeepseekV3 with Kimi-K2.5's real tokenizer, fitted like the demo model; build it with
+`snakemake results/tiny-kimi/model --profile local --configfile config/tiny-kimi.yaml`) on its own
+prompts. Each is captured once in float32; every setting then
 writes the same states with `capture_shard` and reads them back with `HiddenShard`, on one
 thread, timed in CPU time (process_time: other jobs on a shared machine do not count). Per
 setting: bytes per token and ratio to bf16 (on disk), write and read MB/s (of bf16 bytes), the
@@ -14,12 +17,13 @@ the bf16 reference rows (fp8), and the worst auxiliary layer's relative error an
 the bf16 states (all tokens). Then byte-plane layouts of the bf16 auxiliary states, measured
 directly with zstd.
 
-Usage: python bench/hidden_storage.py [--samples 64] [--new-tokens 128] (after building the demo model)
+Usage: python bench/hidden_storage.py [--samples 64] [--new-tokens 128] (after building both models)
 """
 
 import argparse
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +31,11 @@ import torch
 import zstandard
 from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
 
-from eagle3_datagen.chat import render_ids
+from eagle3_datagen.chat import render_generation_prompt, render_ids
 from eagle3_datagen.hidden import HFCapture, HiddenShard, capture_shard
 from eagle3_datagen.io import iter_records
 from eagle3_datagen.probe import LMHead, ProbeSettings, probe_shard
-from eagle3_datagen.prompts import PARSERS, detect_format
+from eagle3_datagen.prompts import PARSERS, detect_format, normalize
 
 DEMO_SOURCES = (("alpaca.json", "alpaca"), ("openai.jsonl", "auto"), ("sharegpt.jsonl", "sharegpt"))
 SETTINGS = [
@@ -46,6 +50,7 @@ SETTINGS = [
     ),
 ]
 DEMO_DATA = {f"resources/demo/data/{name}": fmt for name, fmt in DEMO_SOURCES}
+KIMI_DATA = {"resources/tiny-kimi/data/chat.jsonl": "auto", "resources/tiny-kimi/data/glaive.json": "glaive"}
 PROBED = 2048  # positions the probe reads, and bf16 reference rows kept for it
 OUTLIERS = {3: 100.0, 17: 300.0, 40: 1000.0}  # channel of each auxiliary layer -> factor
 
@@ -205,15 +210,16 @@ def plane_layouts(replay: Replay, level: int = 3) -> list[tuple[str, float, floa
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--demo-model", default="results/demo/model")
+    p.add_argument("--kimi-model", default="results/tiny-kimi/model")
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
     args = p.parse_args()
     torch.set_num_threads(1)
-    demo = Path(args.demo_model)
-    tokenizer = AutoTokenizer.from_pretrained(demo)
+    demo, kimi = Path(args.demo_model), Path(args.kimi_model)
     rng = np.random.default_rng(0)
+    tokenizer = AutoTokenizer.from_pretrained(demo)
     conversations = [
-        PARSERS[detect_format(record) if fmt == "auto" else fmt](record)
+        PARSERS[detect_format(record) if fmt == "auto" else fmt](record).messages
         for path, fmt in DEMO_DATA.items()
         for _, record in iter_records(path)
     ]
@@ -222,10 +228,18 @@ def main() -> None:
     unique = {tuple(render_ids(tokenizer, m[:2], True, {"enable_thinking": False})) for m in conversations}
     prompts = [list(p) for p in sorted(unique)][: args.samples]
     prompts += [rng.integers(0, len(tokenizer), 48).tolist() for _ in range(args.samples - len(prompts))]
+    # The tiny Kimi model's own prompts (tools declared where the glaive records have them), then random IDs.
+    kimi_tokenizer = AutoTokenizer.from_pretrained(kimi)
+    kimi_prompts = [
+        render_generation_prompt(kimi_tokenizer, prompt["messages"], prompt.get("tools"))
+        for path, fmt in KIMI_DATA.items()
+        for prompt in normalize(path, fmt, None, Counter())
+    ][: args.samples]
+    kimi_prompts += [rng.integers(0, 163584, 48).tolist() for _ in range(args.samples - len(kimi_prompts))]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        deepseek = tiny_deepseek_v3(work / "deepseek", len(tokenizer))
         demo_samples = greedy_samples(demo, prompts, args.new_tokens)
+        deepseek = tiny_deepseek_v3(work / "deepseek", len(tokenizer))
         random_prompts = [rng.integers(0, len(tokenizer), 48).tolist() for _ in range(args.samples)]
         sources = {
             "demo model (Qwen3 tiny, hidden 64)": (demo, demo_samples, False),
@@ -235,8 +249,13 @@ def main() -> None:
                 False,
             ),
             f"demo model, outliers injected in aux states {OUTLIERS}": (demo, demo_samples, True),
+            "tiny Kimi model (DeepseekV3: MLA, MoE; Kimi-K2.5's tokenizer; fitted; hidden 64)": (
+                kimi,
+                greedy_samples(kimi, kimi_prompts, args.new_tokens),
+                False,
+            ),
         }
-        for title, (model_dir, samples, outliers) in sources.items():
+        for n, (title, (model_dir, samples, outliers)) in enumerate(sources.items()):
             replay = captured(model_dir, samples, outliers)
             head = LMHead(model_dir)
             tokens = sum(len(s["input_ids"]) for s in samples)
@@ -247,7 +266,7 @@ def main() -> None:
             )
             print("|---|---|---|---|---|---|---|---|---|---|")
             for setting in SETTINGS:
-                r = run_setting(setting, replay, samples, head, work / title[:4])
+                r = run_setting(setting, replay, samples, head, work / f"source{n}")
                 print(
                     f"| {r['setting']} | {r['bytes_per_token']:.1f} | {r['ratio']:.3f} | {r['write']:.0f} | "
                     f"{r['read']:.0f} | {r['agreement']:.4f} | {r['logprob']:.3f} | {r['drop']:+.4f} | "

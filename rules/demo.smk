@@ -15,15 +15,7 @@ if "demo" in config:
         threads: 2
         params:
             settings=wf.as_json(config["demo"]),
-            partitions=wf.as_json(
-                [
-                    {
-                        k: config["partitions"][p].get(k)
-                        for k in ("source", "format", "system_prompt")
-                    }
-                    for p in PARTITIONS
-                ]
-            ),
+            partitions=wf.as_json(wf.demo_fit_partitions(config)),
         shell:
             "python scripts/build_demo_model.py --partitions {params.partitions:q} --out {output} "
             "--settings {params.settings:q} --threads {threads} > {log} 2>&1"

@@ -13,7 +13,7 @@ def main() -> None:
         "--partitions",
         required=True,
         type=json.loads,
-        help='the partitions to fit to, as JSON: [{"source", "format", "system_prompt"}, ...]',
+        help='the partitions to fit to, as JSON: [{"source", "format"[, "system_prompt"]}, ...]',
     )
     p.add_argument("--out", required=True, help="model directory to write")
     args = p.parse_args()

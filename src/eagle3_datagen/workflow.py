@@ -100,6 +100,18 @@ def gpus_for(config: dict, stage: str, partition: str | None = None) -> int:
     return config["resources"]["gpus_per_node"] if uses_gpu(config, stage, partition) else 0
 
 
+def demo_fit_partitions(config: dict) -> list[dict]:
+    """What the demo model is fitted to, per partition: the Qwen3 demo learns the sources' own
+    conversations; the tiny Kimi model learns the prompts as the prompts stage builds them, so a
+    partition's system prompt changes it (and only it)."""
+    keys = (
+        ("source", "format", "system_prompt")
+        if config["demo"].get("architecture") == "deepseek_v3"
+        else ("source", "format")
+    )
+    return [{k: config["partitions"][p].get(k) for k in keys} for p in sorted(config["partitions"])]
+
+
 def missing_sources(config: dict, config_files: list) -> list[str]:
     """One message per partition whose source file does not exist, naming what to fix."""
     where = ", ".join(str(f) for f in config_files)
