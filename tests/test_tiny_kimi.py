@@ -10,6 +10,7 @@ from safetensors import safe_open
 from eagle3_datagen.chat import render_text
 from eagle3_datagen.hidden import HiddenShard
 from eagle3_datagen.io import read_jsonl
+from eagle3_datagen.prompts import link_tool_calls
 from eagle3_datagen.tiktoken_fast import fast_tokenizer_from_tiktoken
 from eagle3_datagen.tiny_kimi import kimi_turn_text, regeneration_turns
 from eagle3_datagen.tokens import loss_spans
@@ -61,16 +62,19 @@ def test_turn_text_is_what_the_k25_template_renders_after_its_generation_prompt(
 
 
 def test_regeneration_turns_follow_the_recorded_tool_chain():
-    """In the layout the glaive parser gives (OpenAI messages, recorded calls and results kept in the prompt)."""
-    original = [
+    """A record as the glaive parser gives it, linked as the prompts stage links it (recorded calls
+    and results kept in the prompt)."""
+    parsed = [
         {"role": "system", "content": " Use tools. "},
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [weather_call("call_7")]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_7", **weather_call("")["function"]}]},
         {"role": "tool", "tool_call_id": "call_7", "name": "get_weather", "content": '{"temperature": 18}'},
         {"role": "assistant", "content": "18 degrees."},
         {"role": "user", "content": "Thanks!"},
         {"role": "assistant", "content": "You're welcome."},
     ]
+    original, cut_reason = link_tool_calls(parsed)
+    assert cut_reason is None
     system, user, recorded_call, result, _, thanks, _ = original
     prompt = {"messages": [{"role": "system", "content": "Use tools."}, user, recorded_call, result, thanks]}
     turns = regeneration_turns(prompt, original, REASONING)
@@ -82,7 +86,7 @@ def test_regeneration_turns_follow_the_recorded_tool_chain():
     assert all(turn["reasoning"] == REASONING for _, turn in turns)
     history, _ = turns[1]
     assert history[0]["content"] == "Use tools."  # the prompt's normalised turn, not the raw one
-    assert history[-1] == {**result, "tool_call_id": "functions.get_weather:0"}
+    assert history[-1] == {**parsed[3], "tool_call_id": "functions.get_weather:0"}
     assert turns[2][0][-1] == thanks and len(turns[2][0]) == 6
     # A prompt cut before the first tool result (no recorded results kept) ends at the call.
     cut = {"messages": prompt["messages"][:2]}

@@ -23,7 +23,6 @@ from .demo import fit_to_conversations
 from .io import atomic_dir, iter_records
 from .prompts import PARSERS, detect_format, link_tool_calls, normalize
 from .tiktoken_fast import fast_tokenizer_from_tiktoken
-from .tool_calls import call_id
 
 THINK_END = "</think>"
 END_OF_TURN = "<|im_end|>"
@@ -117,24 +116,14 @@ def kimi_turn_text(turn: dict) -> str:
     return f"{turn['reasoning']}{THINK_END}{turn['content']}{calls}{END_OF_TURN}"
 
 
-def _kimi_calls(tool_calls: list[dict], counter: Counter, renamed: dict) -> list[dict]:
-    """The recorded calls with Kimi's ids (`functions.{name}:{index}`, counted over the conversation)."""
-    calls = []
-    for call in tool_calls:
-        name = call["function"]["name"]
-        kimi_id = call_id(name, sum(counter.values()))
-        counter[name] += 1
-        renamed[call.get("id")] = kimi_id
-        calls.append({"id": kimi_id, "type": "function", "function": dict(call["function"])})
-    return calls
-
-
 def regeneration_turns(prompt: dict, original: list[dict], reasoning: str) -> list[tuple[list[dict], dict]]:
     """(history, turn) for each assistant turn the responses stage generates for `prompt`, when the model
     answers as the original conversation did (its answers and tool calls) after `reasoning`.
 
-    System and user turns are the prompt's own (as the prompts stage normalised them); recorded tool
-    results follow a call only when the prompt keeps them, as it does when its tools are declared.
+    `original`: the record's conversation as `prompts.link_tool_calls` returns it (calls with Kimi's
+    ids, results pointing at them). System and user turns are the prompt's own (as the prompts stage
+    normalised them); recorded tool results follow a call only when the prompt keeps them, as it
+    does when its tools are declared.
     """
     asked = iter(m for m in prompt["messages"] if m["role"] in ("system", "user"))
     keeps_results = any(m["role"] == "tool" for m in prompt["messages"])
@@ -142,7 +131,6 @@ def regeneration_turns(prompt: dict, original: list[dict], reasoning: str) -> li
     if prompt["messages"][0]["role"] == "system" and original[0]["role"] != "system":
         history.append(next(asked))  # the partition's default system prompt
     turns = []
-    counter, renamed = Counter(), {}
     for message in original:
         role = message["role"]
         if role in ("system", "user"):
@@ -153,11 +141,11 @@ def regeneration_turns(prompt: dict, original: list[dict], reasoning: str) -> li
         elif role == "tool":
             if not keeps_results:
                 break
-            history.append({**message, "tool_call_id": renamed.get(message.get("tool_call_id"), "")})
+            history.append(message)
         elif history and history[-1]["role"] != "assistant":
             turn = {"role": "assistant", "content": message.get("content") or "", "reasoning": reasoning}
             if message.get("tool_calls"):
-                turn["tool_calls"] = _kimi_calls(message["tool_calls"], counter, renamed)
+                turn["tool_calls"] = message["tool_calls"]
             turns.append((list(history), turn))
             history.append(turn)
     return turns
