@@ -33,9 +33,8 @@ from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
 
 from eagle3_datagen.chat import render_generation_prompt, render_ids
 from eagle3_datagen.hidden import HFCapture, HiddenShard, capture_shard
-from eagle3_datagen.io import iter_records
 from eagle3_datagen.probe import LMHead, ProbeSettings, probe_shard
-from eagle3_datagen.prompts import PARSERS, detect_format, normalize
+from eagle3_datagen.prompts import normalize, recorded_conversations
 
 DEMO_SOURCES = (("alpaca.json", "alpaca"), ("openai.jsonl", "auto"), ("sharegpt.jsonl", "sharegpt"))
 SETTINGS = [
@@ -218,11 +217,7 @@ def main() -> None:
     demo, kimi = Path(args.demo_model), Path(args.kimi_model)
     rng = np.random.default_rng(0)
     tokenizer = AutoTokenizer.from_pretrained(demo)
-    conversations = [
-        PARSERS[detect_format(record) if fmt == "auto" else fmt](record).messages
-        for path, fmt in DEMO_DATA.items()
-        for _, record in iter_records(path)
-    ]
+    conversations = [messages for path, fmt in DEMO_DATA.items() for _, messages in recorded_conversations(path, fmt)]
     # The demo's sources hold the same conversations in several formats: each prompt once, then
     # random token IDs (so that no two samples share states, which zstd would find).
     unique = {tuple(render_ids(tokenizer, m[:2], True, {"enable_thinking": False})) for m in conversations}

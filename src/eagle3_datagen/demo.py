@@ -16,8 +16,8 @@ from tokenizers import AddedToken
 from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from .chat import render_ids
-from .io import atomic_dir, iter_records
-from .prompts import PARSERS, detect_format, link_tool_calls
+from .io import atomic_dir
+from .prompts import recorded_conversations
 
 QWEN3_SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -179,6 +179,7 @@ def fit_to_conversations(
         for group in _length_groups([len(s) for s in sequences], max_batch_tokens)
     ]
     counted = [int((targets != -100).sum()) for _, targets, _ in batches]
+    total = sum(counted)
     table = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight
     tied = head is table
@@ -205,7 +206,7 @@ def fit_to_conversations(
             mean = torch.nn.functional.cross_entropy(
                 (hidden @ head_rows.T).flatten(0, 1), targets.flatten(), ignore_index=-100
             )
-            loss = mean * (count / sum(counted))  # the mean over all batches (exactly 1.0 for one batch)
+            loss = mean * (count / total)  # the mean over all batches (exactly 1.0 for one batch)
             loss.backward()
             step_loss += loss.item()
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
@@ -249,8 +250,7 @@ def training_conversations(sources: list[tuple[str, str]]) -> list[list[dict]]:
     """The demo sources' original conversations (system, user and assistant turns)."""
     conversations = []
     for path, fmt in sources:
-        for _, record in iter_records(path):
-            messages, _ = link_tool_calls(PARSERS[detect_format(record) if fmt == "auto" else fmt](record).messages)
+        for _, messages in recorded_conversations(path, fmt):
             if any(m["role"] == "user" for m in messages) and any(m["role"] == "assistant" for m in messages):
                 conversations.append(messages)
     return conversations

@@ -289,6 +289,15 @@ def link_tool_calls(messages: list[dict]) -> tuple[list[dict], str | None]:
     return linked, None
 
 
+def recorded_conversations(source: str | Path, fmt: str) -> Iterator[tuple[int, list[dict]]]:
+    """(line, whole conversation) per record, assistant turns included and calls linked as prompts'
+    are: what the demo models are fitted to answer."""
+    for line_no, record in iter_records(source):
+        parsed = PARSERS[detect_format(record) if fmt == "auto" else fmt](record)
+        messages, _ = link_tool_calls(parsed.messages)
+        yield line_no, messages
+
+
 def prompt_messages(messages: list[dict], system_prompt: str | None) -> list[dict]:
     """Keep system and user turns, and recorded tool calls with their results; add a default system prompt.
 

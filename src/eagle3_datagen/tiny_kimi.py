@@ -20,8 +20,8 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedToke
 
 from .chat import encode, render_generation_prompt
 from .demo import fit_to_conversations
-from .io import atomic_dir, iter_records
-from .prompts import PARSERS, detect_format, link_tool_calls, normalize
+from .io import atomic_dir
+from .prompts import normalize, recorded_conversations
 from .tiktoken_fast import fast_tokenizer_from_tiktoken
 
 THINK_END = "</think>"
@@ -160,10 +160,7 @@ def fitting_samples(
     """
     sequences, masks = [], []
     for part in partitions:
-        originals = {}
-        for line, record in iter_records(part["source"]):
-            fmt = detect_format(record) if part["format"] == "auto" else part["format"]
-            originals[line], _ = link_tool_calls(PARSERS[fmt](record).messages)
+        originals = dict(recorded_conversations(part["source"], part["format"]))
         for prompt in normalize(part["source"], part["format"], part.get("system_prompt"), Counter()):
             for history, turn in regeneration_turns(prompt, originals[prompt["source"]["line"]], reasoning):
                 prompt_ids = render_generation_prompt(tokenizer, history, prompt.get("tools"), template_kwargs)
