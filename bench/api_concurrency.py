@@ -23,8 +23,8 @@ import urllib.request
 from pathlib import Path
 
 from eagle3_datagen.backends.openrouter import OpenRouterBackend
-from eagle3_datagen.generation import Budgets, run_journaled_responses
-from eagle3_datagen.io import write_jsonl_zst
+from eagle3_datagen.formats.files import write_jsonl_zst
+from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
 
 KEY_ENV = "E3DG_BENCH_KEY"
 
@@ -39,7 +39,7 @@ def start_loopback(port: int, faults: dict) -> subprocess.Popen:
     command = [
         sys.executable,
         "-m",
-        "eagle3_datagen.loopback",
+        "tests.doubles.loopback",
         "--model-path",
         "bench",
         "--port",

@@ -22,8 +22,10 @@ import torch
 import yaml
 import zstandard
 
-from eagle3_datagen.hidden import HFCapture, capture_shard, plan_batches
-from eagle3_datagen.io import read_jsonl
+from eagle3_datagen.backends.batching import plan_batches
+from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.formats.files import read_jsonl
+from eagle3_datagen.stages.hidden import capture_shard
 
 
 def make_samples(n: int, pool: list[int], seed: int = 0) -> list[dict]:

@@ -4,7 +4,7 @@
 The configs are used as shipped (sampling, max tokens, prices, hidden-state layout, throughput,
 model shape) except for two inputs this machine lacks:
 - the model directory: Kimi-K2.5's real tokenizer files and template (`resources/kimi-k2.5`) with
-  the project's remote-code tiktoken tokenizer in place of Moonshot's (`eagle3_datagen.tiktoken_slow`),
+  the project's remote-code tiktoken tokenizer in place of Moonshot's (`tests.doubles.tiktoken_slow`),
   so prompt token counts are Kimi's;
 - the raw datasets: the demo's conversations written in each partition's format (glaive's
   `chat` text for B1_glaive, instruction/response records for B3_magicoder).
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from eagle3_datagen.plan import format_plan
-from eagle3_datagen.prompts import PARSERS
-from eagle3_datagen.tiktoken_slow import write_remote_code_dir
+from eagle3_datagen.formats.datasets import PARSERS
+from eagle3_datagen.reporting.plan import format_plan
+from tests.doubles.tiktoken_slow import write_remote_code_dir
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = ("Snakefile", "rules", "schemas", "scripts", "envs", "profiles", "config", "config.yaml", "report")

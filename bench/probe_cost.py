@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from eagle3_datagen.hidden import run_hidden
-from eagle3_datagen.probe import LMHead, ProbeSettings, probe_shard
+from eagle3_datagen.stages.hidden import run_hidden
+from eagle3_datagen.stages.probe import LMHead, ProbeSettings, probe_shard
 
 
 def main() -> None:

@@ -16,9 +16,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from eagle3_datagen.capture_sglang import CPU_SERVER_FLAGS, SGLangCapture, SGLangModelRunner, server_flags
-from eagle3_datagen.gpu_check import random_batch, write_check_model
-from eagle3_datagen.hidden import HFCapture, SingleProcess, capture_in_batches
+from eagle3_datagen.backends.base import SingleProcess
+from eagle3_datagen.backends.batching import capture_in_batches
+from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.backends.sglang.capture import (
+    CPU_SERVER_FLAGS,
+    SGLangCapture,
+    SGLangModelRunner,
+    server_flags,
+)
+from eagle3_datagen.diagnostics.gpu_check import random_batch, write_check_model
 
 
 def main() -> None:

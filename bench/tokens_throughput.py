@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from eagle3_datagen.chat import load_tokenizer, resolve_special_tokens
-from eagle3_datagen.tiktoken_fast import fast_tokenizer_from_tiktoken
-from eagle3_datagen.tiktoken_slow import write_remote_code_dir
-from eagle3_datagen.tokens import TokenBuilder, TokenSettings, build_samples, make_builder
+from eagle3_datagen.chat.template import load_tokenizer, resolve_special_tokens
+from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
+from eagle3_datagen.stages.tokens import TokenBuilder, TokenSettings, build_samples, make_builder
+from tests.doubles.tiktoken_slow import write_remote_code_dir
 
 REPO = Path(__file__).resolve().parents[1]
 KIMI = REPO / "resources" / "kimi-k2.5"

@@ -1,7 +1,7 @@
 from snakemake.exceptions import WorkflowError
 
-from eagle3_datagen import cluster_fit
-from eagle3_datagen import workflow as wf
+from eagle3_datagen.workflow import cluster_fit
+from eagle3_datagen.workflow import settings as wf
 
 PARTITIONS = sorted(config["partitions"])
 # Outputs that combine partitions carry the set in params, so a config that adds, drops or

@@ -4,7 +4,7 @@
 import json
 
 from eagle3_datagen import cli
-from eagle3_datagen.demo import build_demo_model, training_conversations
+from eagle3_datagen.targets.demo import build_demo_model, training_conversations
 
 
 def main() -> None:
@@ -19,7 +19,7 @@ def main() -> None:
     args = p.parse_args()
     cli.setup(args)
     if args.settings.get("architecture", "qwen3") == "deepseek_v3":
-        from eagle3_datagen.tiny_kimi import build_tiny_kimi
+        from eagle3_datagen.targets.tiny_kimi import build_tiny_kimi
 
         facts = build_tiny_kimi(args.partitions, args.out, args.settings)
     else:

@@ -4,7 +4,7 @@
 import argparse
 import logging
 
-from eagle3_datagen.export import FORMATS, export
+from eagle3_datagen.stages.export import FORMATS, export
 
 
 def main() -> None:

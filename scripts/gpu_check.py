@@ -16,7 +16,7 @@ import logging
 import sys
 import tempfile
 
-from eagle3_datagen.gpu_check import run_gpu_check
+from eagle3_datagen.diagnostics.gpu_check import run_gpu_check
 
 GPU_LAUNCH_ARGS = ["--mem-fraction-static", "0.3", "--disable-radix-cache"]
 

@@ -2,7 +2,7 @@
 """Capture EAGLE-3 auxiliary and final hidden states for one token shard."""
 
 from eagle3_datagen import cli
-from eagle3_datagen.hidden import run_hidden
+from eagle3_datagen.stages.hidden import run_hidden
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from eagle3_datagen.cli import run_snakemake
-from eagle3_datagen.plan import format_plan, make_plan, scheduled_partitions
+from eagle3_datagen.reporting.plan import format_plan, make_plan, scheduled_partitions
 
 
 def main() -> None:

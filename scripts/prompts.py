@@ -2,7 +2,7 @@
 """Normalize, deduplicate and shard one partition's raw chat data."""
 
 from eagle3_datagen import cli
-from eagle3_datagen.prompts import build_prompts
+from eagle3_datagen.stages.prompts import build_prompts
 
 
 def main() -> None:

@@ -3,8 +3,8 @@
 
 import argparse
 
-from eagle3_datagen.io import atomic_path, read_json
-from eagle3_datagen.report import summary_html, write_partition_summary
+from eagle3_datagen.formats.files import atomic_path, read_json
+from eagle3_datagen.reporting.report import summary_html, write_partition_summary
 
 
 def main() -> None:

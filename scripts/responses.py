@@ -9,7 +9,7 @@ import logging
 import sys
 
 from eagle3_datagen import cli
-from eagle3_datagen.responses_job import JobError, run_response_job
+from eagle3_datagen.stages.responses.job import JobError, run_response_job
 
 
 def main() -> None:

@@ -11,7 +11,13 @@ from pathlib import Path
 import yaml
 
 from eagle3_datagen.cli import run_snakemake
-from eagle3_datagen.status import format_states, incomplete_outputs, is_locked, parse_summary, partition_states
+from eagle3_datagen.reporting.status import (
+    format_states,
+    incomplete_outputs,
+    is_locked,
+    parse_summary,
+    partition_states,
+)
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 """Rebuild input_ids + loss mask for one response shard and audit them against server IDs."""
 
 from eagle3_datagen import cli
-from eagle3_datagen.tokens import TokenSettings, run_tokens
+from eagle3_datagen.stages.tokens import TokenSettings, run_tokens
 
 
 def main() -> None:

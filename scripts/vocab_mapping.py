@@ -4,7 +4,7 @@
 import argparse
 import logging
 
-from eagle3_datagen.vocab import run_vocab
+from eagle3_datagen.stages.vocab import run_vocab
 
 
 def main() -> None:

@@ -75,7 +75,7 @@ def demo_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def qwen_tokenizer():
-    from eagle3_datagen.demo import qwen3_tokenizer
+    from eagle3_datagen.targets.demo import qwen3_tokenizer
 
     return qwen3_tokenizer()
 
@@ -86,7 +86,7 @@ KIMI_FILES = REPO / "resources" / "kimi-k2.5"
 @pytest.fixture(scope="session")
 def kimi_fast():
     """Kimi-K2.5's real tokenizer as a fast tokenizer built from its files, with K2.5's template."""
-    from eagle3_datagen.tiktoken_fast import fast_tokenizer_from_tiktoken
+    from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 
     return fast_tokenizer_from_tiktoken(KIMI_FILES)
 
@@ -104,14 +104,14 @@ def kimi_remote_code_dir(tmp_path_factory) -> Path:
     """A model directory laid out like a real Kimi-K2.5 one: Kimi's `tiktoken.model`, tokenizer
     config and template, and a remote-code slow tokenizer that `auto_map` names. Moonshot's own
     `tokenization_kimi.py` cannot be vendored, so the project's own tiktoken tokenizer stands in."""
-    from eagle3_datagen.tiktoken_slow import write_remote_code_dir
+    from tests.doubles.tiktoken_slow import write_remote_code_dir
 
     return write_remote_code_dir(KIMI_FILES, tmp_path_factory.mktemp("kimi-remote") / "model")
 
 
 @pytest.fixture(scope="session")
 def kimi_slow(kimi_remote_code_dir):
-    from eagle3_datagen.chat import load_tokenizer
+    from eagle3_datagen.chat.template import load_tokenizer
 
     return load_tokenizer(kimi_remote_code_dir, trust_remote_code=True)
 

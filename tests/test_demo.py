@@ -1,6 +1,6 @@
 import torch
 
-from eagle3_datagen.demo import fit_to_conversations
+from eagle3_datagen.targets.demo import fit_to_conversations
 
 from .conftest import tiny_qwen3
 

@@ -7,10 +7,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle3_datagen.export import export
-from eagle3_datagen.hidden import HFCapture, HiddenShard, capture_shard
-from eagle3_datagen.io import write_jsonl_zst
-from eagle3_datagen.vocab import loss_token_counts, run_vocab, vocab_mapping
+from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.formats.files import write_jsonl_zst
+from eagle3_datagen.formats.hidden_shard import HiddenShard
+from eagle3_datagen.stages.export import export
+from eagle3_datagen.stages.hidden import capture_shard
+from eagle3_datagen.stages.vocab import loss_token_counts, run_vocab, vocab_mapping
 
 from .test_hidden import SETTINGS, make_samples
 

@@ -11,16 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_datagen.backends.openrouter import MissingApiKey, OpenRouterBackend
-from eagle3_datagen.backends.sglang import ServerError, SGLangBackend, launched_server
-from eagle3_datagen.chat import TemplateError, load_tokenizer
-from eagle3_datagen.generation import Budgets, IncompleteRun, run_journaled_responses
-from eagle3_datagen.io import read_jsonl, write_jsonl_zst
-from eagle3_datagen.journal import journal_path
-from eagle3_datagen.loopback import FaultPlan, Loopback, ScriptedCall, serve_in_thread
+from eagle3_datagen.backends.base import MissingApiKey, ServerError
+from eagle3_datagen.backends.openrouter import OpenRouterBackend
+from eagle3_datagen.backends.sglang.generate import SGLangBackend
+from eagle3_datagen.backends.sglang.server import launched_server
+from eagle3_datagen.chat.template import TemplateError, load_tokenizer
+from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
+from eagle3_datagen.chat.tool_calls import ToolCallMarkers, derive_markers, openai_call
+from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
+from eagle3_datagen.formats.journal import journal_path
 from eagle3_datagen.progress import Progress
-from eagle3_datagen.tiktoken_fast import fast_tokenizer_from_tiktoken
-from eagle3_datagen.tool_calls import ToolCallMarkers, derive_markers, openai_call
+from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
+from tests.doubles.loopback import FaultPlan, Loopback, ScriptedCall, serve_in_thread
 
 REPO = Path(__file__).resolve().parents[1]
 KEY_ENV = "E3DG_TEST_OPENROUTER_KEY"
@@ -191,7 +193,7 @@ def test_sglang_refuses_a_server_with_another_model(tmp_path, model_dir):
 def test_launched_server_is_healthy_during_the_job_and_stopped_after(tmp_path, model_dir):
     port = 18000 + os.getpid() % 1000
     launch = {
-        "command": [sys.executable, "-m", "eagle3_datagen.loopback"],
+        "command": [sys.executable, "-m", "tests.doubles.loopback"],
         "args": ["--tp", "8"],
         "health_timeout": 120,
     }
@@ -252,8 +254,8 @@ def test_sigterm_stops_a_launched_server(tmp_path, model_dir):
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from eagle3_datagen.backends.sglang import launched_server\n"
-            "launch = {'command': [sys.executable, '-m', 'eagle3_datagen.loopback'], 'health_timeout': 120}\n"
+            "from eagle3_datagen.backends.sglang.server import launched_server\n"
+            "launch = {'command': [sys.executable, '-m', 'tests.doubles.loopback'], 'health_timeout': 120}\n"
             f"with launched_server({str(model_dir)!r}, 'http://127.0.0.1:{port}', launch, {str(tmp_path / 's.log')!r})"
             " as p:\n"
             "    print(p.pid, flush=True)\n"
@@ -503,8 +505,8 @@ def test_hf_backend_declares_tools_and_goes_on_after_a_matched_call(tmp_path, ki
 
     import torch
 
-    from eagle3_datagen.backends.hf import HFBackend
-    from eagle3_datagen.responses import regenerate
+    from eagle3_datagen.backends.hf.generate import HFBackend
+    from eagle3_datagen.stages.responses.conversation import regenerate
 
     from .conftest import tiny_qwen3
 
@@ -551,7 +553,7 @@ def test_hf_backend_declares_tools_and_goes_on_after_a_matched_call(tmp_path, ki
 
 
 def test_a_glaive_record_is_regenerated_with_its_recorded_results(tmp_path, kimi_dir, kimi_tokenizer):
-    from eagle3_datagen.prompts import build_prompts
+    from eagle3_datagen.stages.prompts import build_prompts
 
     from .test_prompts import GLAIVE_CHAIN, write_jsonl
 
@@ -587,7 +589,7 @@ def test_a_glaive_record_is_regenerated_with_its_recorded_results(tmp_path, kimi
 
 
 def test_calls_match_by_function_and_arguments_as_json_values():
-    from eagle3_datagen.tool_calls import same_call
+    from eagle3_datagen.chat.tool_calls import same_call
 
     recorded = openai_call("f", '{"b":[1,true],"a":5}', 3)
     assert same_call(openai_call("f", '{"a": 5.0, "b": [1, true]}', 0), recorded)  # order, spacing, 5 == 5.0

@@ -6,9 +6,12 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from eagle3_datagen import hidden
-from eagle3_datagen.hidden import HFCapture, HiddenShard, capture_shard, plan_batches, plan_parts, resolve_aux_layers
-from eagle3_datagen.hidden_codec import Codec, byte_planes, dequantize, from_byte_planes, quantize
+from eagle3_datagen.backends.batching import plan_batches
+from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.formats.hidden_codec import Codec, byte_planes, dequantize, from_byte_planes, quantize
+from eagle3_datagen.formats.hidden_shard import COLUMNS, HiddenShard, plan_parts, resolve_aux_layers
+from eagle3_datagen.stages import hidden
+from eagle3_datagen.stages.hidden import capture_shard
 
 SETTINGS = {"dtype": "float32", "shard_bytes": 1 << 20, "max_batch_tokens": 64}
 
@@ -188,7 +191,7 @@ def test_zstd_parts_read_back_equal_and_report_their_ratio(tmp_path, capture):
     assert packed["raw_bytes"] == plain["bytes"] and packed["bytes"] < packed["raw_bytes"]
     a, b = HiddenShard(tmp_path / "plain"), HiddenShard(tmp_path / "zstd")
     for x, y in zip(a, b, strict=True):
-        assert x["id"] == y["id"] and all(torch.equal(x[k], y[k]) for k in hidden.COLUMNS)
+        assert x["id"] == y["id"] and all(torch.equal(x[k], y[k]) for k in COLUMNS)
     assert torch.equal(a["s17"]["hidden_states"], b["s17"]["hidden_states"])
 
 
@@ -289,7 +292,7 @@ def test_lossless_settings_are_bit_exact(tmp_path, capture):
     index = capture_shard(samples, tmp_path / "planes", capture, {**settings, "compress": "zstd_planes"})
     assert index["compress"] == {"codec": "zstd_planes", "level": 3} and index["bytes"] < index["raw_bytes"]
     for x, y in zip(HiddenShard(tmp_path / "plain"), HiddenShard(tmp_path / "planes"), strict=True):
-        for name in hidden.COLUMNS:
+        for name in COLUMNS:
             assert x[name].dtype == y[name].dtype and torch.equal(x[name].view(torch.uint8), y[name].view(torch.uint8))
 
 
@@ -301,8 +304,8 @@ def test_codec_rejects_unknown_settings():
 
 
 def test_plan_and_report_count_bytes_with_the_stored_dtype_and_ratio(tmp_path):
-    from eagle3_datagen.plan import DEFAULT_RATIOS, compression_ratio
-    from eagle3_datagen.report import storage_summary
+    from eagle3_datagen.reporting.plan import DEFAULT_RATIOS, compression_ratio
+    from eagle3_datagen.reporting.report import storage_summary
 
     codec = Codec.from_settings({"dtype": "float8_e4m3", "scales": "token", "compress": "zstd"})
     assert codec.bytes_per_token(3, 7168) == 4 * 7168 + 4 * 2 + 5  # Kimi-K2.5: half of bf16's 57,349

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from eagle3_datagen.chat import render_generation_prompt, resolve_special_tokens, tools_rendering
-from eagle3_datagen.io import read_jsonl, write_jsonl_zst
-from eagle3_datagen.tokens import TokenBuilder, TokenSettings, run_tokens
+from eagle3_datagen.chat.template import render_generation_prompt, resolve_special_tokens, tools_rendering
+from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
+from eagle3_datagen.stages.tokens import TokenBuilder, TokenSettings, run_tokens
 
 IM_END, IM_USER, IM_ASSISTANT, IM_SYSTEM, IM_MIDDLE = 163586, 163587, 163588, 163594, 163601
 THINK, END_THINK = 163606, 163607

@@ -10,12 +10,13 @@ import json
 import pytest
 import torch
 
-from eagle3_datagen import hidden_codec
-from eagle3_datagen.backends.hf import HFBackend
-from eagle3_datagen.hidden import HFCapture, capture_shard
-from eagle3_datagen.probe import LMHead, ProbeFailure, ProbeSettings, run_probe
-from eagle3_datagen.responses import regenerate
-from eagle3_datagen.tokens import TokenSettings, build_samples
+from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.backends.hf.generate import HFBackend
+from eagle3_datagen.formats import hidden_codec
+from eagle3_datagen.stages.hidden import capture_shard
+from eagle3_datagen.stages.probe import LMHead, ProbeFailure, ProbeSettings, run_probe
+from eagle3_datagen.stages.responses.conversation import regenerate
+from eagle3_datagen.stages.tokens import TokenSettings, build_samples
 
 from .conftest import tiny_qwen3
 

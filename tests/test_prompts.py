@@ -7,8 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from eagle3_datagen.io import InputError, read_jsonl
-from eagle3_datagen.prompts import FORMATS, build_prompts, conversation_id, normalize, shard_of
+from eagle3_datagen.formats.datasets import FORMATS, conversation_id, normalize
+from eagle3_datagen.formats.files import InputError, read_jsonl
+from eagle3_datagen.stages.prompts import build_prompts, shard_of
 
 
 def write_jsonl(path, rows):

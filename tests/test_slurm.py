@@ -17,7 +17,7 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
-from eagle3_datagen import cluster_fit
+from eagle3_datagen.workflow import cluster_fit
 
 from .conftest import REPO, copy_workflow, run, snakemake
 

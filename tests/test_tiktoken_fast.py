@@ -6,7 +6,7 @@ import pytest
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
-from eagle3_datagen.tiktoken_fast import KIMI_PATTERN, fast_tokenizer_from_tiktoken, read_added_tokens
+from eagle3_datagen.chat.tiktoken_fast import KIMI_PATTERN, fast_tokenizer_from_tiktoken, read_added_tokens
 
 KIMI_DIR = Path(__file__).parents[1] / "resources" / "kimi-k2.5"
 TEXTS = [

@@ -7,13 +7,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eagle3_datagen.chat import render_text
-from eagle3_datagen.hidden import HiddenShard
-from eagle3_datagen.io import read_jsonl
-from eagle3_datagen.prompts import link_tool_calls
-from eagle3_datagen.tiktoken_fast import fast_tokenizer_from_tiktoken
-from eagle3_datagen.tiny_kimi import kimi_turn_text, regeneration_turns
-from eagle3_datagen.tokens import loss_spans
+from eagle3_datagen.chat.template import render_text
+from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
+from eagle3_datagen.formats.datasets import link_tool_calls
+from eagle3_datagen.formats.files import read_jsonl
+from eagle3_datagen.formats.hidden_shard import HiddenShard
+from eagle3_datagen.stages.tokens import loss_spans
+from eagle3_datagen.targets.tiny_kimi import kimi_turn_text, regeneration_turns
 
 from .conftest import REPO, copy_workflow, snakemake
 

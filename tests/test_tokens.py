@@ -2,8 +2,8 @@ import contextlib
 
 import pytest
 
-from eagle3_datagen.chat import TemplateError, encode, resolve_special_tokens, split_output_ids
-from eagle3_datagen.tokens import (
+from eagle3_datagen.chat.template import TemplateError, encode, resolve_special_tokens, split_output_ids
+from eagle3_datagen.stages.tokens import (
     CHUNK_ROWS,
     BoundaryError,
     ReasoningDroppedError,

@@ -15,10 +15,10 @@ import torch
 import yaml
 from snakemake.utils import validate
 
-from eagle3_datagen.hidden import HiddenShard
-from eagle3_datagen.io import read_jsonl
-from eagle3_datagen.loopback import Loopback, serve_in_thread
-from eagle3_datagen.tokens import loss_spans
+from eagle3_datagen.formats.files import read_jsonl
+from eagle3_datagen.formats.hidden_shard import HiddenShard
+from eagle3_datagen.stages.tokens import loss_spans
+from tests.doubles.loopback import Loopback, serve_in_thread
 
 from .conftest import REPO, copy_workflow, readme_commands, run, snakemake
 
@@ -114,7 +114,7 @@ def test_hidden_states_equal_a_direct_transformers_forward(demo_dir):
 
 
 def test_loss_mask_decodes_to_the_assistant_turns(demo_dir):
-    from eagle3_datagen.chat import load_tokenizer
+    from eagle3_datagen.chat.template import load_tokenizer
 
     tokenizer = load_tokenizer(demo_dir / "results/demo/model")
     seen_multi_turn = seen_system = False

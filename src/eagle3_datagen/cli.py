@@ -11,8 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
@@ -28,6 +26,8 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 def setup(args: argparse.Namespace) -> None:
     """Log to stderr (a rule's log file) and size thread pools to the job's cores."""
+    import torch  # here, not at the top: the status and plan scripts use this module without torch
+
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(max(1, args.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if args.threads > 1 else "false")

@@ -92,7 +92,7 @@ def tiny_deepseek_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def qwen_runner(tiny_model_dir):
     """SGLang's runner for the tiny Qwen3, tp=1 in this process (SGLang builds one per process)."""
-    from eagle3_datagen.capture_sglang import CPU_SERVER_FLAGS, SGLangModelRunner, server_flags
+    from eagle3_datagen.backends.sglang.capture import CPU_SERVER_FLAGS, SGLangModelRunner, server_flags
 
     flags = server_flags(tiny_model_dir, CPU_CAPTURE_SETTINGS, False, MAX_BATCH_TOKENS, tp_size=1)
     return SGLangModelRunner([*flags, *CPU_SERVER_FLAGS])

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from eagle3_datagen.capture_sglang import load_sglang_capture
-from eagle3_datagen.hidden import capture_shard
+from eagle3_datagen.backends.sglang.capture import load_sglang_capture
+from eagle3_datagen.stages.hidden import capture_shard
 
 
 def main(model_dir: str, samples_path: str, out: str, settings_json: str) -> None:

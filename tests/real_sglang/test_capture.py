@@ -4,9 +4,11 @@ compared with the `hf` backend layer by layer."""
 import pytest
 import torch
 
-from eagle3_datagen.capture_sglang import SGLangCapture, load_sglang_capture
-from eagle3_datagen.gpu_check import agreement_by_layer, format_table, random_batch
-from eagle3_datagen.hidden import HFCapture, SingleProcess, capture_in_batches, plan_batches
+from eagle3_datagen.backends.base import SingleProcess
+from eagle3_datagen.backends.batching import capture_in_batches, plan_batches
+from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.backends.sglang.capture import SGLangCapture, load_sglang_capture
+from eagle3_datagen.diagnostics.gpu_check import agreement_by_layer, format_table, random_batch
 
 from ..test_hidden import make_samples
 from .conftest import MAX_BATCH_TOKENS
@@ -59,7 +61,7 @@ def test_other_capture_numbering_is_refused(qwen_runner, monkeypatch):
 
 
 def test_states_cut_short_are_refused(qwen_runner):
-    from eagle3_datagen.capture_sglang import _logits_processor
+    from eagle3_datagen.backends.sglang.capture import _logits_processor
 
     capture = sglang_capture(qwen_runner)
     processor = _logits_processor(qwen_runner.model)

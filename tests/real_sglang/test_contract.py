@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from eagle3_datagen.capture_sglang import CPU_SERVER_FLAGS, server_flags
+from eagle3_datagen.backends.sglang.capture import CPU_SERVER_FLAGS, server_flags
 
 from .conftest import CPU_LAUNCH_ARGS
 

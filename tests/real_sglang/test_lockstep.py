@@ -13,15 +13,11 @@ from pathlib import Path
 
 import torch
 
-from eagle3_datagen.capture_sglang import SGLangCapture
-from eagle3_datagen.hidden import (
-    HiddenShard,
-    SingleProcess,
-    capture_in_batches,
-    plan_batches,
-    plan_parts,
-)
-from eagle3_datagen.hidden_codec import Codec
+from eagle3_datagen.backends.base import SingleProcess
+from eagle3_datagen.backends.batching import capture_in_batches, plan_batches
+from eagle3_datagen.backends.sglang.capture import SGLangCapture
+from eagle3_datagen.formats.hidden_codec import Codec
+from eagle3_datagen.formats.hidden_shard import HiddenShard, plan_parts
 
 from ..test_hidden import make_samples
 from .conftest import CPU_CAPTURE_SETTINGS

@@ -15,16 +15,16 @@ import urllib.request
 import pytest
 import torch
 
-from eagle3_datagen.backends.sglang import SGLangBackend
-from eagle3_datagen.chat import load_tokenizer, render_ids
-from eagle3_datagen.generation import Budgets, run_journaled_responses
-from eagle3_datagen.io import read_jsonl, write_jsonl_zst
+from eagle3_datagen.backends.sglang.generate import SGLangBackend
+from eagle3_datagen.chat.template import load_tokenizer, render_ids
+from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
+from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
 
 from .conftest import CPU_LAUNCH_ARGS
 
 JOB = """
 import sys, time
-from eagle3_datagen.backends.sglang import launched_server
+from eagle3_datagen.backends.sglang.server import launched_server
 launch = {"args": %r, "health_timeout": 900}
 with launched_server(%r, %r, launch, %r) as server:
     print(server.pid, flush=True)
@@ -137,7 +137,7 @@ def test_a_stop_id_ends_generation_with_the_matched_id_kept(server):
 
 
 def test_gpu_checks_generate_comparison_agrees_with_the_server(server, served_model_dir):
-    from eagle3_datagen.gpu_check import generate_agreement
+    from eagle3_datagen.diagnostics.gpu_check import generate_agreement
 
     url, _ = server
     result = generate_agreement(

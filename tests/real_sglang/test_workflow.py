@@ -17,9 +17,9 @@ import pytest
 import torch
 import yaml
 
-from eagle3_datagen.chat import load_tokenizer, render_ids
-from eagle3_datagen.hidden import HiddenShard
-from eagle3_datagen.io import read_jsonl
+from eagle3_datagen.chat.template import load_tokenizer, render_ids
+from eagle3_datagen.formats.files import read_jsonl
+from eagle3_datagen.formats.hidden_shard import HiddenShard
 
 from ..conftest import REPO, copy_workflow
 from .conftest import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS, SGLANG_CPU_ENV

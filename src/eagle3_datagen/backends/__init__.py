@@ -1,1 +1,2 @@
-"""Inference backends for the responses stage, side by side behind `responses.Backend`."""
+"""Backends side by side behind the interfaces in `base`: generation (hf, sglang, openrouter)
+and hidden-state capture (hf, sglang)."""

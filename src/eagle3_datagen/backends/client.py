@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import aiohttp
 
-from .http import RetryableError, RetryPolicy, classify, parse_retry_after
+from eagle3_datagen.backends.base import RetryableError
+from eagle3_datagen.backends.http import RetryPolicy, classify, parse_retry_after
 
 
 class JsonClient:

@@ -18,22 +18,7 @@ from dataclasses import dataclass
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-
-class RetryableError(Exception):
-    def __init__(self, reason: str, retry_after: float | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_after = retry_after
-
-
-class RequestFailed(Exception):
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-class StopRun(Exception):
-    """No further request can succeed; the message says what to do."""
+from eagle3_datagen.backends.base import RequestFailed, RetryableError, StopRun
 
 
 def parse_retry_after(value: str | None) -> float | None:

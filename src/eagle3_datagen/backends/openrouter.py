@@ -14,17 +14,13 @@ import asyncio
 import json
 import os
 
-from ..responses import Turn, finish_reason
-from ..tool_calls import calls_before, openai_call
-from .client import JsonClient
-from .http import RetryableError, RetryPolicy
+from eagle3_datagen.backends.base import MissingApiKey, RetryableError, Turn, finish_reason
+from eagle3_datagen.backends.client import JsonClient
+from eagle3_datagen.backends.http import RetryPolicy
+from eagle3_datagen.chat.tool_calls import calls_before, openai_call
 
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 MAX_CONCURRENCY = 2000
-
-
-class MissingApiKey(RuntimeError):
-    pass
 
 
 def _check_completion(body: dict) -> None:

@@ -1,5 +1,5 @@
 """What the backends that render prompts themselves (hf, SGLang) share: the tool calls read back
-from the output (the prompt itself is `chat.render_generation_prompt`)."""
+from the output (the prompt itself is `chat.template.render_generation_prompt`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from ..chat import TemplateError
-from ..tool_calls import ToolCallMarkers, calls_before, derive_markers
+from eagle3_datagen.chat.template import TemplateError
+from eagle3_datagen.chat.tool_calls import ToolCallMarkers, calls_before, derive_markers
 
 
 class ToolCallReader:

@@ -1,0 +1,167 @@
+"""What every backend shares: the generated `Turn`, the generation and capture interfaces, the errors.
+
+Generation comes in two shapes: `GenerationBackend` answers a batch of conversations at once
+(in-process transformers), `AsyncGenerationBackend` one conversation turn per call, many in
+flight (HTTP servers: SGLang, OpenRouter). Capture has one: `CaptureBackend`, called with a
+batch of token ID lists, in lockstep over `Ranks` when tensor parallel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class Turn:
+    """One generated assistant turn as a backend returns it."""
+
+    content: str
+    reasoning: str
+    finish_reason: str  # "stop" | "length" | "tool_calls"
+    usage: dict
+    output_ids: list[int] | None = None
+    malformed: str | None = None  # why the output cannot be rendered back, e.g. "think_block"
+    tool_calls: list[dict] | None = None  # OpenAI layout, Kimi ids
+    extra: dict = field(default_factory=dict)
+
+    def as_message(self, turn_index: int) -> dict:
+        message = {
+            "role": "assistant",
+            "content": self.content,
+            "reasoning": self.reasoning,
+            "finish_reason": self.finish_reason,
+            "usage": self.usage,
+            "turn": turn_index,
+            **self.extra,
+        }
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        if self.output_ids is not None:
+            message["output_ids"] = self.output_ids
+        if self.malformed:
+            message["malformed"] = self.malformed
+        return message
+
+    @property
+    def status(self) -> str:
+        if self.finish_reason not in ("stop", "tool_calls"):
+            return "truncated"
+        return "malformed" if self.malformed else "ok"
+
+
+def finish_reason(stopped: bool, tool_calls: list[dict] | None) -> str:
+    if not stopped:
+        return "length"
+    return "tool_calls" if tool_calls else "stop"
+
+
+class GenerationBackend(Protocol):
+    """Generates for a batch of conversations at once (in-process: `hf`)."""
+
+    name: str  # recorded in every response row
+    model: str
+
+    def generate(self, conversations: Sequence[list[dict]], tools: Sequence[list[dict] | None]) -> list[Turn]:
+        """The next assistant turn of each conversation (each ends with a user turn or tool results),
+        with the tools each declares (OpenAI layout, or None)."""
+        ...
+
+
+class AsyncGenerationBackend(Protocol):
+    """Generates one conversation's next turn per call, `concurrency` calls in flight (HTTP: `sglang`,
+    `openrouter`). Used as an async context manager around the calls (it opens its session there)."""
+
+    name: str
+    model: str
+    concurrency: int  # conversations in flight
+
+    def fingerprint(self) -> dict:
+        """The settings that shape a response (a journal written under others is not reused)."""
+        ...
+
+    async def __aenter__(self) -> AsyncGenerationBackend: ...
+
+    async def __aexit__(self, *exc) -> None: ...
+
+    async def generate(self, messages: list[dict], tools: list[dict] | None) -> Turn:
+        """The next assistant turn with `tools` declared.
+
+        Raises RequestFailed (this prompt fails), RetryableError (retries spent) or StopRun (no
+        request can succeed any more).
+        """
+        ...
+
+
+class Ranks(Protocol):
+    """The lockstep interface of a capture: one process (`SingleProcess`) or tensor-parallel ranks,
+    every rank running the same forward passes and one of them (the writer) writing the files."""
+
+    writer: bool  # this rank writes files and receives the states
+
+    def agree(self, value):
+        """The writer's `value`, on every rank (rank 0 decides, e.g. which parts are already done)."""
+        ...
+
+
+class SingleProcess:
+    """`Ranks` for a capture that runs in one process: it writes, and agrees with itself."""
+
+    writer = True
+
+    def agree(self, value):
+        return value
+
+
+class CaptureBackend(Protocol):
+    """One prefill of the target model that returns the EAGLE-3 states of every token.
+
+    `aux_layers` are transformers `hidden_states` indices (embedding output = 0); `final` is
+    `normed` (the final norm's output, what the LM head sees) or `raw` (layer N's output).
+    """
+
+    packed: bool  # batches are one flat sequence (budget tokens), not padded rows (budget rows x longest)
+    ranks: Ranks
+    model_name: str
+    num_layers: int
+    hidden_size: int
+    aux_layers: list[int]
+    final: str
+
+    def __call__(self, batch: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per sample of `batch` (token ID lists): (aux [T, A*H], final [T, H]) on the CPU, in
+        order, on the writer rank; on other ranks the forward pass only (an empty list)."""
+        ...
+
+
+class RetryableError(Exception):
+    """A request that may succeed when tried again (408, 429, 5xx, a 200 that carries an error)."""
+
+    def __init__(self, reason: str, retry_after: float | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class RequestFailed(Exception):
+    """This request is wrong and will not succeed (400, 403): the prompt is recorded as failed."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class StopRun(Exception):
+    """No further request can succeed; the message says what to do."""
+
+
+class MissingApiKey(RuntimeError):
+    """The API key's environment variable is not set: no request is sent."""
+
+
+class ServerError(RuntimeError):
+    """The model server is not there, not healthy, or serves another model."""

@@ -1,0 +1,1 @@
+"""In-process transformers: generation (`generate`), capture (`capture`), model loading."""

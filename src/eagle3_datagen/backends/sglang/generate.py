@@ -1,0 +1,190 @@
+"""A local SGLang server's native `/generate`: our rendering in, the exact output IDs back.
+
+The prompt is rendered by the model's own tokenizer and chat template with the generation
+prompt (the conversation's tools declared to the template) and sent as `input_ids`, so the
+response's `output_ids` are exactly what the model produced; tool calls are read from them as
+SGLang's own `kimi_k2` parser reads them (`chat.tool_calls.ToolCallMarkers`). Prompts up to
+`tiers.short.max_prompt_tokens` go through the short tier (high concurrency, smaller max
+tokens), longer ones through the long tier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle3_datagen.backends.base import RetryableError, ServerError, Turn, finish_reason
+from eagle3_datagen.backends.client import JsonClient
+from eagle3_datagen.backends.http import RetryPolicy
+from eagle3_datagen.backends.rendered import ToolCallReader
+from eagle3_datagen.backends.sglang.server import DEFAULT_URL
+from eagle3_datagen.chat.template import (
+    load_tokenizer,
+    render_generation_prompt,
+    resolve_special_tokens,
+    split_output_ids,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    concurrency: int
+    max_tokens: int
+    max_prompt_tokens: int | None = None  # None: no limit (the long tier)
+
+
+def tiers_from_config(settings: dict, default_max_tokens: int) -> tuple[Tier, Tier]:
+    tiers = settings.get("tiers") or {}
+    short, long = tiers.get("short") or {}, tiers.get("long") or {}
+    return (
+        Tier(
+            "short",
+            short.get("concurrency", 256),
+            short.get("max_tokens", default_max_tokens),
+            short.get("max_prompt_tokens", 4096),
+        ),
+        Tier("long", long.get("concurrency", 32), long.get("max_tokens", default_max_tokens)),
+    )
+
+
+def _check_generation(body: dict) -> None:
+    if body.get("error") or "output_ids" not in body:
+        raise RetryableError(f"HTTP 200 without output_ids: {str(body)[:300]}")
+    finish = (body.get("meta_info") or {}).get("finish_reason") or {}
+    if finish.get("type") == "abort":
+        raise RetryableError(f"generation aborted by the server: {finish.get('message', '')}")
+
+
+class SGLangBackend:
+    name = "sglang"
+
+    def __init__(self, model_path: str | Path, sampling: dict, settings: dict, model_settings: dict):
+        self.model_path = Path(model_path)
+        self.model = settings.get("served_model") or self.model_path.name
+        self.tokenizer = load_tokenizer(model_path, model_settings.get("trust_remote_code", False))
+        self.template_kwargs = model_settings.get("chat_template_kwargs") or {}
+        self.specials = resolve_special_tokens(
+            self.tokenizer, model_settings.get("special_tokens"), self.template_kwargs
+        )
+        self.tool_calls = ToolCallReader(self.tokenizer, self.template_kwargs)
+        self.sampling = sampling
+        self.short, self.long = tiers_from_config(settings, sampling["max_new_tokens"])
+        self.concurrency = self.short.concurrency + self.long.concurrency
+        self.url = settings.get("url", DEFAULT_URL)
+        self.health_timeout = settings.get("health_timeout", 1800)
+        self.client = JsonClient(
+            self.url,
+            self.concurrency,
+            settings.get("request_timeout", 3600),
+            RetryPolicy.from_config(settings.get("retry", {})),
+        )
+        self._slots = {
+            self.short.name: asyncio.Semaphore(self.short.concurrency),
+            self.long.name: asyncio.Semaphore(self.long.concurrency),
+        }
+
+    def fingerprint(self) -> dict:
+        return {
+            "backend": self.name,
+            "model": self.model,
+            "sampling": self.sampling,
+            "tiers": [self.short.__dict__, self.long.__dict__],
+            "chat_template_kwargs": self.template_kwargs,
+        }
+
+    async def __aenter__(self) -> SGLangBackend:
+        await self.client.open()
+        await self._wait_healthy()
+        await self._check_model()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.client.close()
+
+    async def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.health_timeout
+        while True:
+            with contextlib.suppress(Exception):
+                status, _ = await self.client.get("/health")
+                if status == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise ServerError(f"no healthy SGLang server at {self.url} after {self.health_timeout} s")
+            await asyncio.sleep(1.0)
+
+    async def _check_model(self) -> None:
+        _, info = await self.client.get("/model_info")  # 0.5.23 deprecates /get_model_info for it
+        served = Path(str((info or {}).get("model_path", ""))).name
+        if served != self.model:
+            raise ServerError(
+                f"the SGLang server at {self.url} serves {info.get('model_path')!r}, not the configured model "
+                f"{self.model!r} (model.path {self.model_path}); set inference.sglang.served_model if the names differ"
+            )
+
+    def tier_for(self, prompt_tokens: int) -> Tier:
+        return self.short if prompt_tokens <= self.short.max_prompt_tokens else self.long
+
+    def _payload(self, prompt_ids: list[int], tier: Tier) -> dict:
+        return {
+            "input_ids": prompt_ids,
+            "sampling_params": {
+                # The server's default is 128: always send it.
+                "max_new_tokens": tier.max_tokens,
+                "temperature": self.sampling.get("temperature", 0.0),
+                "top_p": self.sampling.get("top_p", 1.0),
+                "top_k": self.sampling.get("top_k", 0) or -1,
+                "stop_token_ids": [self.specials.end_of_turn_id],
+                "skip_special_tokens": False,
+                "no_stop_trim": True,
+            },
+        }
+
+    async def generate(self, messages: list[dict], tools: list[dict] | None = None) -> Turn:
+        self.tool_calls.check(tools)
+        prompt_ids = render_generation_prompt(self.tokenizer, messages, tools, self.template_kwargs)
+        tier = self.tier_for(len(prompt_ids))
+        async with self._slots[tier.name]:
+            body, attempts = await self.client.post("/generate", self._payload(prompt_ids, tier), _check_generation)
+        meta = body.get("meta_info") or {}
+        finish = meta.get("finish_reason") or {}
+        output_ids = list(body["output_ids"])
+        stopped = finish.get("type") == "stop"
+        if (
+            stopped
+            and finish.get("matched") == self.specials.end_of_turn_id
+            and output_ids[-1:] != [self.specials.end_of_turn_id]
+        ):
+            output_ids.append(self.specials.end_of_turn_id)  # a server that trims the matched token
+        parsed = split_output_ids(self.tokenizer, output_ids, self.specials, prompt_ids)
+        think_end = self.specials.think_end_id
+        reasoning_tokens = output_ids.index(think_end) + 1 if think_end in output_ids else 0
+        content, calls, calls_malformed = self.tool_calls.split(parsed.content, messages, tools)
+        return Turn(
+            content=content,
+            reasoning=parsed.reasoning,
+            finish_reason=finish_reason(parsed.stopped, calls),
+            usage={
+                "prompt_tokens": meta.get("prompt_tokens", len(prompt_ids)),
+                "completion_tokens": meta.get("completion_tokens", len(output_ids)),
+                "cached_tokens": meta.get("cached_tokens", 0),
+                "reasoning_tokens": reasoning_tokens,
+            },
+            output_ids=output_ids,
+            malformed="think_block" if not parsed.well_formed else calls_malformed,
+            tool_calls=calls or None,
+            extra={
+                "produced_by": {
+                    "backend": self.name,
+                    "tier": tier.name,
+                    "attempts": attempts,
+                    "finish_reason": finish,
+                }
+            },
+        )

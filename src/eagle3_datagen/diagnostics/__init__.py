@@ -1,0 +1,1 @@
+"""Checks to run on a GPU node."""

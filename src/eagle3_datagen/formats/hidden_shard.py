@@ -1,0 +1,216 @@
+"""A hidden-state shard: its layout (layers, final state, storage), its packed parts, and its reader.
+
+Layer numbering follows transformers' `hidden_states`: index 0 is the embedding output and
+index i the output of decoder layer i (1-based). `final: normed` is the final norm's
+output (what the LM head sees), `raw` the output of layer N. Samples are packed with no
+padding into parts of at most `shard_bytes`; `index.json` lists the parts and their samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import zstandard
+
+from eagle3_datagen.formats.hidden_codec import (
+    REFERENCE_DTYPE,
+    STATE_COLUMNS,
+    Codec,
+    PartReader,
+    frame_header_json,
+    reference_rows,
+)
+
+FORMAT = "eagle3-datagen/hidden-v1"
+
+
+COLUMNS = ("input_ids", "loss_mask", "aux_hidden_states", "hidden_states")
+
+
+def resolve_aux_layers(num_layers: int, spec: str | Sequence[int]) -> list[int]:
+    """`auto` is EAGLE-3's choice, hidden_states indices [2, N//2, N-3]; lists are checked.
+
+    Index N (the last layer's output) is refused: SGLang captures layer inputs, so it can never
+    hand it over as an auxiliary state (`final: raw` stores it)."""
+    layers = [2, num_layers // 2, num_layers - 3] if spec == "auto" else [int(i) for i in spec]
+    if len(set(layers)) != len(layers) or any(not 1 <= i < num_layers for i in layers):
+        raise ValueError(
+            f"aux_layers {layers} must be distinct hidden_states indices in 1..{num_layers - 1} "
+            f"for a {num_layers}-layer model"
+        )
+    return layers
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a shard stores; checked against the config when a shard is read."""
+
+    model: str
+    num_layers: int
+    hidden_size: int
+    aux_layers: tuple[int, ...]
+    final: str
+    dtype: str
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.__dict__, sort_keys=True, default=list).encode()).hexdigest()[:16]
+
+
+def plan_parts(lengths: Sequence[int], bytes_per_token: int, shard_bytes: int) -> list[range]:
+    """Consecutive sample ranges whose packed size stays within `shard_bytes` (one sample may exceed it)."""
+    parts, start, size = [], 0, 0
+    for index, length in enumerate(lengths):
+        sample_bytes = length * bytes_per_token
+        if index > start and size + sample_bytes > shard_bytes:
+            parts.append(range(start, index))
+            start, size = index, 0
+        size += sample_bytes
+    if start < len(lengths):
+        parts.append(range(start, len(lengths)))
+    return parts
+
+
+def part_key(layout: Layout, codec: Codec, ids: Sequence[str], lengths: Sequence[int]) -> str:
+    """Identifies a part's content plan: resuming keeps a part only if this matches."""
+    digest = hashlib.sha256(layout.fingerprint().encode())
+    digest.update(codec.describe().encode())
+    for sample_id, length in zip(ids, lengths, strict=True):
+        digest.update(f"{sample_id}:{length};".encode())
+    return digest.hexdigest()
+
+
+def part_metadata(path: Path) -> dict | None:
+    """The metadata a complete part carries; None for a missing, torn or foreign file."""
+    if not path.exists():
+        return None
+    try:
+        return json.loads(frame_header_json(path)["__metadata__"][FORMAT])
+    except Exception:  # anything unreadable is recomputed
+        return None
+
+
+def raw_size(path: Path) -> int:
+    """A part's size before compression (zstd frames record it in their header)."""
+    if path.suffix != ".zst":
+        return path.stat().st_size
+    with path.open("rb") as f:
+        return zstandard.frame_content_size(f.read(18))
+
+
+def write_part(
+    path: Path,
+    samples: Sequence[dict],
+    states: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    codec: Codec,
+    metadata: dict,
+    reference_count: int = 0,
+    seed: int = 0,
+) -> int:
+    """Write one packed part; returns its size before compression.
+
+    With a lossy `codec`, `reference_count` rows are also kept in bf16 (`reference_rows`,
+    `reference_<column>`) for the probe to compare against."""
+    lengths = [len(s["input_ids"]) for s in samples]
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
+    loss_mask = torch.tensor([t for s in samples for t in s["loss_mask"]], dtype=torch.uint8)
+    aux = torch.cat([aux for aux, _ in states])
+    final = torch.cat([final for _, final in states])
+    tensors = {
+        "input_ids": torch.tensor([t for s in samples for t in s["input_ids"]], dtype=torch.int32),
+        "loss_mask": loss_mask,
+        **codec.encode_states("aux_hidden_states", aux, aux.shape[1] // final.shape[1]),
+        **codec.encode_states("hidden_states", final, 1),
+        "offsets": offsets,
+    }
+    if codec.fp8 and reference_count:
+        rows = reference_rows(loss_mask, offsets, reference_count, seed)
+        tensors["reference_rows"] = rows
+        tensors["reference_aux_hidden_states"] = aux[rows].to(REFERENCE_DTYPE).contiguous()
+        tensors["reference_hidden_states"] = final[rows].to(REFERENCE_DTYPE).contiguous()
+    # One metadata key: safetensors orders several keys differently from run to run, and
+    # a resumed part must be byte-identical to an uninterrupted one.
+    return codec.write_part(path, tensors, {FORMAT: json.dumps(metadata, sort_keys=True)})
+
+
+class HiddenShard:
+    """Read a hidden-state shard: iterate samples in order or fetch one by id."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.index = json.loads((self.path / "index.json").read_text())
+        if self.index.get("format") != FORMAT:
+            raise ValueError(f"{self.path}: not an {FORMAT} shard")
+        self._where = {sid: (n, k) for n, part in enumerate(self.index["parts"]) for k, sid in enumerate(part["ids"])}
+        self.codec = Codec.from_index(self.index)
+        self._cached_name: str | None = None
+        self._cached: PartReader | None = None
+
+    @property
+    def ids(self) -> list[str]:
+        return [sid for part in self.index["parts"] for sid in part["ids"]]
+
+    def __len__(self) -> int:
+        return self.index["samples"]
+
+    def check_layout(self, aux_layers: Sequence[int], final: str) -> None:
+        if list(aux_layers) != self.index["aux_layers"] or final != self.index["final"]:
+            raise ValueError(
+                f"{self.path}: stored layers aux={self.index['aux_layers']} final={self.index['final']} "
+                f"do not match the configured aux={list(aux_layers)} final={final}; rerun the hidden stage"
+            )
+
+    def _sample(self, f: PartReader, offsets: torch.Tensor, sid: str, k: int, columns: Sequence[str] = COLUMNS) -> dict:
+        a, b = int(offsets[k]), int(offsets[k + 1])
+        return {"id": sid, **{name: f.rows(name, a, b) for name in columns}}
+
+    def _open(self, part: dict):
+        """A part's decoded rows: memory-mapped when plain, decompressed whole (and kept) when not."""
+        path = self.path / part["file"]
+        if not self.codec.compressed:
+            return self.codec.open_part(path)
+        if self._cached_name != part["file"]:
+            self._cached = self.codec.load_part(path)
+            self._cached_name = part["file"]
+        return contextlib.nullcontext(self._cached)
+
+    def iter_samples(self, columns: Sequence[str] = COLUMNS) -> Iterator[dict]:
+        """Samples in order, with only `columns` read (e.g. no auxiliary states); fp8 states
+        come back dequantized to bf16."""
+        for part in self.index["parts"]:
+            with self._open(part) as f:
+                offsets = f.tensor("offsets")
+                for k, sid in enumerate(part["ids"]):
+                    yield self._sample(f, offsets, sid, k, columns)
+
+    def __iter__(self) -> Iterator[dict]:
+        return self.iter_samples()
+
+    def sample(self, sample_id: str, columns: Sequence[str] = COLUMNS) -> dict:
+        """One sample by id, with only `columns` read."""
+        number, k = self._where[sample_id]
+        with self._open(self.index["parts"][number]) as f:
+            return self._sample(f, f.tensor("offsets"), sample_id, k, columns)
+
+    def __getitem__(self, sample_id: str) -> dict:
+        return self.sample(sample_id)
+
+    def references(self) -> Iterator[dict]:
+        """Per part of a lossy shard, its bf16 reference rows (none for lossless shards): the
+        token each row's state predicts (`targets`), and `reference` and `stored` (decoded) states."""
+        for part in self.index["parts"]:
+            with self._open(part) as f:
+                if not f.has("reference_rows"):
+                    continue
+                rows = f.tensor("reference_rows")
+                yield {
+                    "targets": f.rows_at("input_ids", rows + 1).long(),
+                    "reference": {name: f.tensor(f"reference_{name}") for name in STATE_COLUMNS},
+                    "stored": {name: f.rows_at(name, rows) for name in STATE_COLUMNS},
+                }

@@ -1,0 +1,193 @@
+"""Per-partition statistics gathered from every stage's own counts, and an HTML summary."""
+
+from __future__ import annotations
+
+import html
+from collections import Counter
+from pathlib import Path
+
+from eagle3_datagen.formats.files import read_json, write_json
+from eagle3_datagen.formats.hidden_codec import Codec
+from eagle3_datagen.formats.histograms import merge
+from eagle3_datagen.reporting import plots as report_plots
+
+
+def _merge(dicts: list[dict]) -> dict:
+    total: Counter = Counter()
+    for d in dicts:
+        total.update({k: v for k, v in d.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+    return dict(sorted(total.items()))
+
+
+def _pooled(parts: list[dict]) -> dict:
+    """Probe statistics of several shards pooled, weighted by positions probed."""
+    parts = [p for p in parts if p.get("positions")]
+    n = sum(p["positions"] for p in parts)
+    if not n:
+        return {"positions": 0}
+    keys = ("top1_agreement", "mean_logprob", "outside_top5")
+    return {"positions": n, **{k: sum(p[k] * p["positions"] for p in parts) / n for k in keys}}
+
+
+def probe_summary(probes: list[dict]) -> dict:
+    if not probes:
+        return {}
+    scopes = ("all", "last_turn", "earlier_turns", "last_turn_first_positions")
+    labels = [row["position"] for row in probes[0]["by_position"]]
+    return {
+        "backend": sorted({p["backend"] for p in probes}),
+        "greedy_exact": all(p["greedy_exact"] for p in probes),
+        "verdicts": dict(Counter(p["verdict"] for p in probes)),
+        "positions_probed": sum(p["positions_probed"] for p in probes),
+        "positions_total": sum(p["positions_total"] for p in probes),
+        **{scope: _pooled([p[scope] for p in probes]) for scope in scopes},
+        "by_position": [
+            {"position": label, **_pooled([p["by_position"][i] for p in probes])} for i, label in enumerate(labels)
+        ],
+    }
+
+
+def _lengths(reports: list[dict]) -> dict:
+    names = sorted({name for r in reports for name in r.get("lengths", {})})
+    return {name: merge(r.get("lengths", {}).get(name, {}) for r in reports) for name in names}
+
+
+def _rate(throughputs: list[dict], amount: str) -> dict:
+    """Summed over jobs: `amount` per second of job time (jobs running side by side count separately)."""
+    seconds = sum(t.get("seconds", 0) for t in throughputs)
+    done = sum(t.get(amount, 0) for t in throughputs)
+    return {"seconds": round(seconds, 3), amount: done, f"{amount}_per_s": done / seconds if seconds else 0.0}
+
+
+def partition_summary(
+    name: str,
+    prompt_stats: str,
+    response_stats: list[str],
+    audits: list[str],
+    hidden_dirs: list[str],
+    probes: list[str] = (),
+) -> dict:
+    prompts = read_json(prompt_stats)
+    responses = [read_json(p) for p in response_stats]
+    audit_reports = [read_json(p) for p in audits]
+    indexes = [read_json(Path(d) / "index.json") for d in hidden_dirs]
+    audit = _merge([a["audit"] for a in audit_reports])
+    compared = audit.get("turns_compared", 0)
+    return {
+        "partition": name,
+        "prompts": {k: v for k, v in prompts.items() if k != "per_shard"},
+        "responses": {
+            "backend": sorted({r["backend"] for r in responses}),
+            "status": _merge([r["status"] for r in responses]),
+            "finish_reasons": _merge([r["finish_reasons"] for r in responses]),
+            # calls regenerated, matched with the recorded ones, diverged; recorded results reused
+            "tool_calls": _merge([r.get("tool_calls", {}) for r in responses]),
+            "ended": _merge([r.get("ended", {}) for r in responses]),
+            "usage": _merge([r["usage"] for r in responses]),
+            "throughput": _rate([r.get("throughput", {}) for r in responses], "completion_tokens"),
+            "lengths": _lengths(responses),
+        },
+        "tokens": {
+            **_merge([a["counts"] for a in audit_reports]),
+            "audit": {
+                **{k: v for k, v in audit.items() if not k.endswith("_rate")},
+                "semantic_rate": audit.get("semantic", 0) / compared if compared else 0.0,
+                "bpe_only_rate": audit.get("bpe_only", 0) / compared if compared else 0.0,
+            },
+            "special_tokens": audit_reports[0]["special_tokens"] if audit_reports else {},
+            "lengths": _lengths(audit_reports),
+        },
+        "hidden_states": {
+            "samples": sum(i["samples"] for i in indexes),
+            "tokens": sum(i["tokens"] for i in indexes),
+            "loss_tokens": sum(i["loss_tokens"] for i in indexes),
+            "bytes": sum(i["bytes"] for i in indexes),
+            "raw_bytes": sum(i.get("raw_bytes", i["bytes"]) for i in indexes),
+            **storage_summary(indexes),
+            "throughput": _rate([i.get("throughput", {}) for i in indexes], "tokens"),
+            "parts": sum(len(i["parts"]) for i in indexes),
+            "aux_layers": indexes[0]["aux_layers"] if indexes else None,
+            "final": indexes[0]["final"] if indexes else None,
+            "nonfinite": sum(len(i["nonfinite_ids"]) for i in indexes),
+        },
+        "probe": probe_summary([read_json(p) for p in probes]),
+    }
+
+
+def storage_summary(indexes: list[dict]) -> dict:
+    """How the partition's states are stored, bytes on disk per token and their ratio to bf16."""
+    if not indexes:
+        return {}
+    tokens = sum(i["tokens"] for i in indexes)
+    on_disk = sum(i["bytes"] for i in indexes)
+    bf16 = sum(i["tokens"] * Codec().bytes_per_token(len(i["aux_layers"]), i["hidden_size"]) for i in indexes)
+    first = indexes[0]
+    return {
+        "dtype": first["dtype"],
+        "scales": (first.get("scales") or {}).get("granularity", "-"),
+        "compress": (first.get("compress") or {}).get("codec", "none"),
+        "bytes_per_token": on_disk / tokens if tokens else 0.0,
+        "ratio_to_bf16": on_disk / bf16 if bf16 else 0.0,
+    }
+
+
+def _flat(prefix: str, value) -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        return [row for k, v in value.items() for row in _flat(f"{prefix}.{k}" if prefix else k, v)]
+    if isinstance(value, float):
+        return [(prefix, f"{value:.4g}")]
+    return [(prefix, str(value))]
+
+
+def summary_html(summaries: list[dict]) -> str:
+    """One self-contained page: the numbers as a table, the distributions as matplotlib images."""
+    keys = [k for k, _ in _flat("", {k: v for k, v in summaries[0].items() if k != "partition"})]
+    # Distributions are plotted; special tokens and audit examples stay in the partition JSON.
+    plotted = ("responses.lengths", "tokens.lengths", "probe.by_position")
+    untabled = (*plotted, "tokens.special_tokens", "tokens.audit.examples")
+    keys = [k for k in keys if not k.startswith(untabled)]
+    head = "".join(f"<th>{html.escape(s['partition'])}</th>" for s in summaries)
+    values = [dict(_flat("", s)) for s in summaries]
+    rows = "".join(
+        f"<tr><td>{html.escape(k)}</td>" + "".join(f"<td>{html.escape(v.get(k, ''))}</td>" for v in values) + "</tr>"
+        for k in keys
+    )
+    figures = "".join(f"<h2>{html.escape(title)}</h2>{image}" for title, image in report_plots.figures(summaries))
+    return (
+        "<html><head><meta charset='utf-8'><title>eagle3-datagen summary</title></head><body>"
+        "<h1>eagle3-datagen: per-partition summary</h1>"
+        f"{figures}{probe_section(summaries)}"
+        f"<h2>All numbers</h2><table border='1' cellpadding='3'><tr><th>metric</th>{head}</tr>{rows}</table>"
+        "</body></html>\n"
+    )
+
+
+def probe_section(summaries: list[dict]) -> str:
+    probed = [s for s in summaries if s.get("probe")]
+    if not probed:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html.escape(s['partition'])}</td><td>{html.escape(', '.join(s['probe']['backend']))}</td>"
+        f"<td>{s['probe']['greedy_exact']}</td>"
+        + "".join(
+            f"<td>{s['probe'][scope].get('top1_agreement', float('nan')):.4f}</td>"
+            for scope in ("last_turn", "last_turn_first_positions", "earlier_turns")
+        )
+        + f"<td>{s['probe']['all'].get('mean_logprob', float('nan')):.3f}</td>"
+        f"<td>{s['probe']['all'].get('outside_top5', float('nan')):.4f}</td>"
+        f"<td>{html.escape(str(s['probe']['verdicts']))}</td></tr>"
+        for s in probed
+    )
+    return (
+        "<h2>Probe: the target's LM head on the stored final states</h2>"
+        "<table border='1' cellpadding='3'><tr><th>partition</th><th>backend</th><th>greedy, exact IDs</th>"
+        "<th>top-1 agreement, last turns</th><th>first positions</th><th>earlier turns</th>"
+        "<th>mean log-prob</th><th>outside top-5</th><th>verdicts</th></tr>"
+        f"{rows}</table>{report_plots.agreement_by_position(probed)}"
+    )
+
+
+def write_partition_summary(out: str, **kwargs) -> dict:
+    summary = partition_summary(**kwargs)
+    write_json(out, summary)
+    return summary

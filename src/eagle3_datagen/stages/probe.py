@@ -1,0 +1,356 @@
+"""A self-consistency probe of stored hidden-state shards, with the target model's own LM head.
+
+For every loss-masked token at position j (a token the draft model will be trained to
+predict), the LM head is applied to the stored final-layer state at j - 1 (after the final
+norm when the shard stores `final: raw`) and its prediction compared with the stored token:
+top-1 agreement, mean log-probability of the stored token, and the share outside the top 5.
+On greedy data with exact output IDs, agreement is near 1.0 by construction; a loss mask
+misaligned with the IDs, the wrong final layer, a chat template other than the one the
+responses were generated with, or IDs the model never produced all pull it down, most
+visibly at the first positions after the generation prompt.
+
+Only two tensors are read from the checkpoint, the LM head (or the tied embedding) and the
+final norm, located through the safetensors index: no model is materialised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from eagle3_datagen.formats.checkpoint import text_config
+from eagle3_datagen.formats.files import write_json
+from eagle3_datagen.formats.hidden_shard import HiddenShard
+
+log = logging.getLogger(__name__)
+
+LIKELY_CAUSES = (
+    "a loss mask misaligned with input_ids, the wrong final layer (check hidden_states.final and the "
+    "layer indices in index.json), a chat template or chat_template_kwargs other than the ones the "
+    "responses were generated with, or token IDs rebuilt from text that the model never produced"
+)
+
+
+class ProbeFailure(RuntimeError):
+    """A shard whose stored states do not predict its own greedy tokens."""
+
+
+@dataclass
+class ProbeSettings:
+    max_positions: int = 4096  # positions probed per shard, sampled uniformly beyond that
+    min_greedy_agreement: float = 0.98
+    first_positions: int = 4  # response positions where template drift shows first
+    min_first_agreement: float = 0.9
+    min_mean_logprob: float = -3.0  # warning floor for sampled or text-rebuilt data
+    report_positions: int = 32
+    seed: int = 0
+    max_agreement_drop: float = 0.005  # lossy storage: top-1 agreement lost against the bf16 reference rows
+
+    @classmethod
+    def from_config(cls, section: dict) -> ProbeSettings:
+        return cls(**{k: v for k, v in section.items() if k in cls.__dataclass_fields__})
+
+
+def _tensor_files(model_dir: Path) -> dict[str, Path]:
+    """Tensor name -> file, from the safetensors index or the single checkpoint file."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: model_dir / file for name, file in weight_map.items()}
+    single = model_dir / "model.safetensors"
+    if not single.exists():
+        raise FileNotFoundError(f"{model_dir}: no model.safetensors.index.json or model.safetensors")
+    with safe_open(str(single), "pt") as f:
+        return dict.fromkeys(f.keys(), single)
+
+
+def _one_named(names: list[str], suffix: str) -> str | None:
+    """The shortest tensor name ending in `suffix` (the language model's, in a multimodal checkpoint)."""
+    matches = sorted((n for n in names if n == suffix or n.endswith("." + suffix)), key=len)
+    return matches[0] if matches else None
+
+
+class LMHead:
+    """The target model's LM head and final RMS norm, read without loading the model."""
+
+    def __init__(self, model_dir: str | Path, device: str = "cpu"):
+        model_dir = Path(model_dir)
+        config = text_config(model_dir)
+        files = _tensor_files(model_dir)
+        names = list(files)
+        head = _one_named(names, "lm_head.weight")
+        if head is None and config.get("tie_word_embeddings", False):
+            head = _one_named(names, "embed_tokens.weight")
+        norm = _one_named(names, "model.norm.weight") or _one_named(names, "norm.weight")
+        if head is None or norm is None:
+            raise KeyError(f"{model_dir}: cannot find the LM head and final norm tensors among {len(names)} tensors")
+        self.loaded = [head, norm]
+        self.weight = self._read(files[head], head).to(device)
+        self.norm_weight = self._read(files[norm], norm).to(device=device, dtype=torch.float32)
+        self.eps = float(config.get("rms_norm_eps", 1e-6))
+
+    @staticmethod
+    def _read(path: Path, name: str) -> torch.Tensor:
+        with safe_open(str(path), "pt") as f:
+            return f.get_tensor(name)
+
+    def norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = hidden.float()
+        return self.norm_weight * hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def log_probs(self, hidden: torch.Tensor, normed: bool) -> torch.Tensor:
+        hidden = hidden.to(self.weight.device).float() if normed else self.norm(hidden.to(self.weight.device))
+        logits = hidden.to(self.weight.dtype) @ self.weight.T
+        return torch.log_softmax(logits.float(), dim=-1)
+
+
+@dataclass
+class _Positions:
+    """Probed positions of one shard, as parallel arrays."""
+
+    sample: np.ndarray  # index of the sample in shard order
+    target: np.ndarray  # row of the predicted token within the sample
+    response_position: np.ndarray  # position of that token within its assistant turn
+    last_turn: np.ndarray  # whether the turn is the sample's last (the one generated with its prompt)
+
+
+def _candidate_positions(masks: list[np.ndarray]) -> _Positions:
+    samples, targets, offsets, last = [], [], [], []
+    for k, mask in enumerate(masks):
+        rows = np.flatnonzero(mask)
+        rows = rows[rows >= 1]  # a token at row 0 has no state before it
+        if not len(rows):
+            continue
+        run_start = np.ones(len(rows), dtype=bool)
+        run_start[1:] = rows[1:] != rows[:-1] + 1
+        starts = rows[run_start]
+        run = np.cumsum(run_start) - 1
+        samples.append(np.full(len(rows), k))
+        targets.append(rows)
+        offsets.append(rows - starts[run])
+        last.append(run == run[-1])
+    if not samples:
+        empty = np.zeros(0, dtype=np.int64)
+        return _Positions(empty, empty, empty, empty.astype(bool))
+    return _Positions(*(np.concatenate(a) for a in (samples, targets, offsets, last)))
+
+
+def _subsample(positions: _Positions, budget: int, seed: int) -> _Positions:
+    if len(positions.sample) <= budget:
+        return positions
+    keep = np.sort(np.random.default_rng(seed).choice(len(positions.sample), budget, replace=False))
+    return _Positions(*(a[keep] for a in positions.__dict__.values()))
+
+
+def _probed_states(shard: HiddenShard, ids: list[str], positions: _Positions) -> torch.Tensor:
+    """The stored final state before each probed token, reading only the samples probed."""
+    rows: list[torch.Tensor | None] = [None] * len(positions.sample)
+    for k in np.unique(positions.sample):
+        at = np.flatnonzero(positions.sample == k)
+        hidden = shard.sample(ids[k], ("hidden_states",))["hidden_states"]
+        for i, row in zip(at, hidden[torch.as_tensor(positions.target[at] - 1)], strict=True):
+            rows[i] = row
+    return torch.stack(rows) if rows else torch.zeros(0)
+
+
+def _stats(agree: np.ndarray, logprob: np.ndarray, top5: np.ndarray) -> dict:
+    if not len(agree):
+        return {"positions": 0}
+    return {
+        "positions": int(len(agree)),
+        "top1_agreement": float(agree.mean()),
+        "mean_logprob": float(logprob.mean()),
+        "outside_top5": float(1.0 - top5.mean()),
+    }
+
+
+def _predictions(head: LMHead, states: torch.Tensor, targets: torch.Tensor, normed: bool, chunk: int):
+    """Top-1 token and log-probability of `targets` for each state."""
+    top1, logprob = [], []
+    for start in range(0, len(targets), chunk):
+        log_probs = head.log_probs(states[start : start + chunk], normed).cpu()
+        top1.append(log_probs.argmax(-1))
+        logprob.append(log_probs.gather(1, targets[start : start + chunk, None])[:, 0])
+    return torch.cat(top1), torch.cat(logprob)
+
+
+def _layer_error(stored: torch.Tensor, reference: torch.Tensor) -> dict:
+    stored, reference = stored.float(), reference.float()
+    return {
+        "relative_error": float((stored - reference).norm() / reference.norm().clamp_min(1e-30)),
+        "cosine": float(torch.nn.functional.cosine_similarity(stored, reference, dim=-1).mean()),
+    }
+
+
+def storage_cost(shard: HiddenShard, head: LMHead, chunk: int = 1024) -> dict | None:
+    """Stored (decoded) states against the bf16 reference rows a lossy shard keeps: the LM head's
+    agreement and mean log-prob on both, and each layer's relative error and cosine similarity.
+    None for a lossless shard (it has no reference rows: its states are the reference)."""
+    parts = list(shard.references())
+    if not parts:
+        return None
+    targets = torch.cat([p["targets"] for p in parts])
+    joined = {
+        kind: {name: torch.cat([p[kind][name] for p in parts]) for name in parts[0][kind]}
+        for kind in ("reference", "stored")
+    }
+    normed = shard.index["final"] == "normed"
+    result = {"positions": int(len(targets))}
+    top1 = {}
+    for kind, states in joined.items():
+        top1[kind], logprob = _predictions(head, states["hidden_states"], targets, normed, chunk)
+        result[kind] = {
+            "top1_agreement": float((top1[kind] == targets).float().mean()) if len(targets) else None,
+            "mean_logprob": float(logprob.mean()) if len(targets) else None,
+        }
+    result["agreement_drop"] = (
+        result["reference"]["top1_agreement"] - result["stored"]["top1_agreement"] if len(targets) else 0.0
+    )
+    result["top1_same_as_reference"] = (
+        float((top1["stored"] == top1["reference"]).float().mean()) if len(targets) else None
+    )
+    hidden = shard.index["hidden_size"]
+    layers = [
+        {
+            "layer": layer,
+            **_layer_error(
+                *(joined[k]["aux_hidden_states"][:, i * hidden : (i + 1) * hidden] for k in ("stored", "reference"))
+            ),
+        }
+        for i, layer in enumerate(shard.index["aux_layers"])
+    ]
+    layers.append(
+        {"layer": "final", **_layer_error(joined["stored"]["hidden_states"], joined["reference"]["hidden_states"])}
+    )
+    result["layers"] = layers
+    return result
+
+
+def probe_shard(shard_dir: str | Path, head: LMHead, settings: ProbeSettings, chunk: int = 1024) -> dict:
+    """Probe one hidden-state shard; returns the numbers (no verdict)."""
+    shard = HiddenShard(shard_dir)
+    # Token IDs and masks of every sample are small; final states are read only where probed.
+    samples = list(shard.iter_samples(("input_ids", "loss_mask")))
+    masks = [s["loss_mask"].numpy().astype(bool) for s in samples]
+    candidates = _candidate_positions(masks)
+    positions = _subsample(candidates, settings.max_positions, settings.seed)
+    normed = shard.index["final"] == "normed"
+    states = _probed_states(shard, [s["id"] for s in samples], positions)
+    tokens = torch.tensor(
+        [int(samples[k]["input_ids"][j]) for k, j in zip(positions.sample, positions.target, strict=True)],
+        dtype=torch.long,
+    )
+    agree, logprob, top5 = [], [], []
+    for start in range(0, len(tokens), chunk):
+        log_probs = head.log_probs(states[start : start + chunk], normed).cpu()
+        target = tokens[start : start + chunk]
+        agree.append((log_probs.argmax(-1) == target).numpy())
+        logprob.append(log_probs.gather(1, target[:, None])[:, 0].numpy())
+        top5.append((log_probs.topk(5, dim=-1).indices == target[:, None]).any(-1).numpy())
+    agree, logprob, top5 = (np.concatenate(a) if a else np.zeros(0) for a in (agree, logprob, top5))
+    last = positions.last_turn
+    first = positions.response_position < settings.first_positions
+    by_position = []
+    for p in range(settings.report_positions + 1):
+        at = positions.response_position == p if p < settings.report_positions else positions.response_position >= p
+        label = str(p) if p < settings.report_positions else f"{p}+"
+        by_position.append({"position": label, **_stats(agree[at], logprob[at], top5[at])})
+    return {
+        "shard": Path(shard_dir).name,
+        "final": shard.index["final"],
+        "storage": {key: shard.index.get(key) for key in ("dtype", "scales", "compress")},
+        "storage_cost": storage_cost(shard, head, chunk),
+        "tensors_loaded": head.loaded,
+        "positions_total": int(len(candidates.sample)),
+        "positions_probed": int(len(tokens)),
+        "all": _stats(agree, logprob, top5),
+        "last_turn": _stats(agree[last], logprob[last], top5[last]),
+        "earlier_turns": _stats(agree[~last], logprob[~last], top5[~last]),
+        "last_turn_first_positions": _stats(agree[last & first], logprob[last & first], top5[last & first]),
+        "by_position": by_position,
+    }
+
+
+def verdict(result: dict, settings: ProbeSettings, greedy_exact: bool) -> tuple[str, list[str]]:
+    """`ok`, `warn` or `fail`, with the reasons.
+
+    Greedy data with exact output IDs must reproduce its last turns (the earlier turns of a
+    multi-turn sample sit in a context the template may render differently from the one they
+    were generated in; they are reported, not judged). Other data is judged on log-probability.
+    Lossy storage fails any data that loses more agreement than allowed against its reference rows.
+    """
+    reasons = _storage_reasons(result, settings)
+    storage_failed = bool(reasons)
+    last, first = result["last_turn"], result["last_turn_first_positions"]
+    if greedy_exact and last["positions"]:
+        if last["top1_agreement"] < settings.min_greedy_agreement:
+            reasons.append(
+                f"top-1 agreement on the last turns is {last['top1_agreement']:.4f}, below "
+                f"probe.min_greedy_agreement={settings.min_greedy_agreement}"
+            )
+        if first["positions"] and first["top1_agreement"] < settings.min_first_agreement:
+            reasons.append(
+                f"top-1 agreement on the first {settings.first_positions} response positions is "
+                f"{first['top1_agreement']:.4f}, below probe.min_first_agreement={settings.min_first_agreement}"
+            )
+        return ("fail" if reasons else "ok"), reasons
+    scope = result["all"]
+    if scope["positions"] and scope["mean_logprob"] < settings.min_mean_logprob:
+        reasons.append(
+            f"mean log-probability of the stored tokens is {scope['mean_logprob']:.3f}, below "
+            f"probe.min_mean_logprob={settings.min_mean_logprob}"
+        )
+    return ("fail" if storage_failed else "warn" if reasons else "ok"), reasons
+
+
+def _storage_reasons(result: dict, settings: ProbeSettings) -> list[str]:
+    cost = result.get("storage_cost")
+    if not cost or cost["agreement_drop"] <= settings.max_agreement_drop:
+        return []
+    return [
+        f"{result['storage']['dtype']} storage loses {cost['agreement_drop']:.4f} top-1 agreement against the "
+        f"bf16 reference rows ({cost['reference']['top1_agreement']:.4f} -> {cost['stored']['top1_agreement']:.4f}), "
+        f"above probe.max_agreement_drop={settings.max_agreement_drop}; store bfloat16, or fp8 with finer "
+        "hidden_states.scales"
+    ]
+
+
+def run_probe(
+    shard_dir: str | Path,
+    out_path: str | Path,
+    model_path: str | Path,
+    settings: ProbeSettings,
+    partition: str,
+    backend: str,
+    greedy_exact: bool,
+    device: str = "cpu",
+) -> dict:
+    head = LMHead(model_path, device)
+    log.info("read %s from %s", head.loaded, model_path)
+    result = {"partition": partition, "backend": backend, "greedy_exact": greedy_exact}
+    result.update(probe_shard(shard_dir, head, settings))
+    result["verdict"], result["reasons"] = verdict(result, settings, greedy_exact)
+    log.info("probe: %s", json.dumps({k: v for k, v in result.items() if k != "by_position"}))
+    if result["verdict"] == "fail":
+        storage = _storage_reasons(result, settings)
+        data = [r for r in result["reasons"] if r not in storage]
+        raise ProbeFailure(
+            f"partition {partition}, shard {result['shard']} ({backend}): "
+            + "; ".join(result["reasons"])
+            + (
+                ". The stored hidden states do not predict the tokens the model generated (greedy, exact output "
+                f"IDs). Likely causes: {LIKELY_CAUSES}"
+                if data
+                else ""
+            )
+        )
+    for reason in result["reasons"]:
+        log.warning("partition %s, shard %s: %s", partition, result["shard"], reason)
+    write_json(out_path, result)
+    return result

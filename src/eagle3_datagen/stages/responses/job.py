@@ -1,0 +1,66 @@
+"""One responses job: the configured backend over one or more prompt shards."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from eagle3_datagen.backends.base import MissingApiKey, ServerError
+from eagle3_datagen.stages.responses.conversation import run_responses
+from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
+
+log = logging.getLogger(__name__)
+
+
+class JobError(RuntimeError):
+    """A job that stops with a message for the user (no traceback needed)."""
+
+
+def budgets_from(settings: dict) -> Budgets:
+    return Budgets(
+        tokens=settings.get("token_budget"),
+        cost_usd=(settings.get("openrouter") or {}).get("max_cost_usd"),
+    )
+
+
+def run_response_job(shards: list[tuple[str, str, str]], settings: dict, server_log: str | None = None) -> None:
+    """`shards`: (prompts, out, stats) paths. `settings`: the rule's response settings."""
+    model = settings["model"]
+    backend = settings["backend"]
+    if backend == "hf":
+        from eagle3_datagen.backends.hf.generate import HFBackend
+
+        hf = HFBackend(model["path"], settings["sampling"], settings["hf"], model)
+        for prompts, out, stats in shards:
+            run_responses(prompts, out, stats, hf)
+        return
+    try:
+        with _server(settings, server_log):
+            for prompts, out, stats in shards:
+                result = run_journaled_responses(prompts, out, stats, _api_backend(settings), budgets_from(settings))
+                log.info("%s: %s", out, {k: result[k] for k in ("prompts", "status", "usage")})
+    except (IncompleteRun, MissingApiKey, ServerError) as e:
+        raise JobError(str(e)) from None
+
+
+def _api_backend(settings: dict):
+    if settings["backend"] == "sglang":
+        from eagle3_datagen.backends.sglang.generate import SGLangBackend
+
+        return SGLangBackend(settings["model"]["path"], settings["sampling"], settings["sglang"], settings["model"])
+    if settings["backend"] == "openrouter":
+        from eagle3_datagen.backends.openrouter import OpenRouterBackend
+
+        return OpenRouterBackend(settings["sampling"], settings["openrouter"])
+    raise JobError(f"unknown inference backend {settings['backend']!r}")
+
+
+def _server(settings: dict, server_log: str | None):
+    sglang = settings.get("sglang") or {}
+    if settings["backend"] != "sglang" or not sglang.get("launch"):
+        return contextlib.nullcontext()
+    from eagle3_datagen.backends.sglang.server import DEFAULT_URL, launched_server
+
+    return launched_server(
+        settings["model"]["path"], sglang.get("url", DEFAULT_URL), sglang["launch"], server_log or "sglang-server.log"
+    )

@@ -1,0 +1,1 @@
+"""Helpers behind `rules/common.smk`: settings per rule, cluster requests."""

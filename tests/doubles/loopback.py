@@ -1,0 +1,245 @@
+"""A loopback stand-in for SGLang's and OpenRouter's HTTP APIs, with fault injection.
+
+Tests and benchmarks run the real backends against it: `/health`, `/model_info` and
+`/generate` answer as SGLang does (exact `output_ids` from the model's tokenizer, the matched
+end-of-turn token included), `/chat/completions` as OpenRouter does (text, reasoning, usage
+with cost, provider). Faults follow a plan: for the requests whose content hashes into
+1/`every` of them, attempt k gets `sequence[k-1]` (an HTTP status, `"200-error"` or
+`"200-empty"`), later attempts succeed. `credits` makes every completion after that many
+answer 402. A tool script makes the stand-in model call tools: after a user turn that contains
+a script entry's `trigger`, `/generate` emits that call in the template's own tool-call markers
+and `/chat/completions` returns it in `message.tool_calls`; once a call follows the trigger it
+answers in text. `/generate` closes a think block its prompt opens. Runnable as a server
+(`python -m tests.doubles.loopback --help`), also in the place of `sglang.launch_server`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from eagle3_datagen.chat.template import load_tokenizer
+from eagle3_datagen.chat.tool_calls import derive_markers
+
+
+@dataclass
+class FaultPlan:
+    every: int = 0  # 0: no faults
+    sequence: list = field(default_factory=list)
+    retry_after: float | None = None
+    latency_s: float = 0.0
+    credits: int | None = None  # completions before 402
+    reject: list = field(default_factory=list)  # substrings of user content answered 400
+
+
+@dataclass(frozen=True)
+class ScriptedCall:
+    trigger: str  # a user turn containing this is answered with the call
+    name: str
+    arguments: str  # JSON
+
+
+class Loopback:
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer=None,
+        api_key: str | None = None,
+        faults: FaultPlan | None = None,
+        tool_script: list[ScriptedCall] = (),
+    ):
+        self.model_path = model_path
+        self.tokenizer = tokenizer
+        self.api_key = api_key
+        self.faults = faults or FaultPlan()
+        self.tool_script = list(tool_script)
+        self.markers = derive_markers(tokenizer) if tokenizer is not None and self.tool_script else None
+        self.attempts: Counter = Counter()  # request key -> attempts seen
+        self.completed: Counter = Counter()  # request key -> successful answers
+        self.status_counts: Counter = Counter()
+        self.last_chat_request: dict | None = None
+        self.generate_prompts: list[str] = []  # each /generate prompt, decoded
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/model_info", self.model_info)
+        app.router.add_get("/stats", self.stats)
+        app.router.add_post("/generate", self.generate)
+        app.router.add_post("/chat/completions", self.chat)
+        return app
+
+    async def health(self, _request) -> web.Response:
+        return web.json_response({})
+
+    async def model_info(self, _request) -> web.Response:
+        return web.json_response({"model_path": self.model_path, "is_generation": True})
+
+    async def stats(self, _request) -> web.Response:
+        return web.json_response(
+            {"attempts": dict(self.attempts), "completed": dict(self.completed), "status": dict(self.status_counts)}
+        )
+
+    def _fault(self, key: str) -> object | None:
+        attempt = self.attempts[key]
+        plan = self.faults
+        if plan.every and int(key[:8], 16) % plan.every == 0 and attempt <= len(plan.sequence):
+            return plan.sequence[attempt - 1]
+        if plan.credits is not None and sum(self.completed.values()) >= plan.credits:
+            return 402
+        return None
+
+    def _error(self, fault: object) -> web.Response:
+        self.status_counts[str(fault)] += 1
+        if fault == "200-error":
+            return web.json_response({"error": {"code": 502, "message": "provider error during generation"}})
+        if fault == "200-empty":
+            return web.json_response({"choices": [], "usage": {}})
+        # 429 and 503 always carry Retry-After; a 402 only when the plan gives one.
+        headers = {}
+        if fault in (429, 503) or (fault == 402 and self.faults.retry_after is not None):
+            headers = {"Retry-After": str(self.faults.retry_after or 0)}
+        body = {"error": {"code": fault, "message": f"injected {fault}"}}
+        return web.json_response(body, status=int(fault), headers=headers)
+
+    async def _admit(self, key: str) -> web.Response | None:
+        self.attempts[key] += 1
+        if self.faults.latency_s:
+            await asyncio.sleep(self.faults.latency_s)
+        fault = self._fault(key)
+        return None if fault is None else self._error(fault)
+
+    async def generate(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        ids = body["input_ids"]
+        key = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
+        error = await self._admit(key)
+        if error is not None:
+            return error
+        params = body.get("sampling_params") or {}
+        eot = (params.get("stop_token_ids") or [0])[0]
+        prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
+        self.generate_prompts.append(prompt)
+        answer = "Considering it.</think>" if prompt.endswith("<think>") else ""
+        call = self._scripted_call(prompt, lambda trigger_at: self.markers.section_begin in prompt[trigger_at:])
+        if call is None:
+            answer += f"Answer {sum(ids) % 997} of {len(ids)}."
+        else:
+            answer += self.markers.render([(call.name, call.arguments)], prompt.count(self.markers.call_begin))
+        output = [*self.tokenizer(answer, add_special_tokens=False)["input_ids"], eot]
+        limit = params.get("max_new_tokens", 128)
+        finish = {"type": "stop", "matched": eot} if len(output) <= limit else {"type": "length", "length": limit}
+        output = output[:limit]
+        self.completed[key] += 1
+        self.status_counts["200"] += 1
+        meta = {"finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": len(output)}
+        return web.json_response({"text": "", "output_ids": output, "meta_info": meta})
+
+    def _scripted_call(self, text: str, called_since) -> ScriptedCall | None:
+        """The script entry whose trigger occurs last in `text`, unless `called_since(its position)`."""
+        found = [(text.rfind(c.trigger), c) for c in self.tool_script if c.trigger in text]
+        if not found:
+            return None
+        at, call = max(found, key=lambda pair: pair[0])
+        return None if called_since(at) else call
+
+    async def chat(self, request: web.Request) -> web.Response:
+        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            self.status_counts["401"] += 1
+            return web.json_response({"error": {"code": 401, "message": "No auth credentials found"}}, status=401)
+        body = await request.json()
+        self.last_chat_request = body
+        key = hashlib.sha256(json.dumps(body["messages"]).encode()).hexdigest()
+        last_user = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+        if any(word in last_user for word in self.faults.reject):
+            self.attempts[key] += 1
+            self.status_counts["400"] += 1
+            return web.json_response({"error": {"code": 400, "message": "invalid request"}}, status=400)
+        error = await self._admit(key)
+        if error is not None:
+            return error
+        content = f"Reply to: {last_user[:40]}"
+        completion = len(content.split()) + 4
+        finish = "length" if completion > body.get("max_tokens", 1 << 30) else "stop"
+        call = None
+        if body.get("tools"):
+            after_user = len(body["messages"]) - [m["role"] for m in reversed(body["messages"])].index("user")
+            call = self._scripted_call(last_user, lambda _: len(body["messages"]) > after_user)
+        self.completed[key] += 1
+        self.status_counts["200"] += 1
+        usage = {
+            "prompt_tokens": sum(len((m.get("content") or "").split()) for m in body["messages"]),
+            "completion_tokens": completion,
+            "completion_tokens_details": {"reasoning_tokens": 4},
+            "cost": 0.001,
+        }
+        reasoning = "Considering it." if (body.get("reasoning") or {}).get("enabled") else None
+        choice = {"message": {"role": "assistant", "content": content, "reasoning": reasoning}}
+        if call is not None:
+            call_id = f"call_{hashlib.sha256(key.encode()).hexdigest()[:8]}"  # an OpenAI-style id, not Kimi's
+            function = {"name": call.name, "arguments": call.arguments}
+            choice["message"].update(
+                content=None, tool_calls=[{"id": call_id, "type": "function", "function": function}]
+            )
+            finish = "tool_calls"
+        return web.json_response(
+            {
+                "provider": "Loopback",
+                "model": body["model"],
+                "choices": [{**choice, "finish_reason": finish}],
+                "usage": usage,
+            }
+        )
+
+
+@contextlib.contextmanager
+def serve_in_thread(loopback: Loopback) -> Iterator[str]:
+    """Serve `loopback` on a free local port from a background thread; yields its base URL."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(loopback.app(), access_log=None)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+        loop.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="Serve the loopback stand-in (SGLang and OpenRouter APIs).")
+    p.add_argument("--model-path", required=True, help="reported by /model_info; its tokenizer answers /generate")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--faults", type=json.loads, default={}, help="a FaultPlan as JSON")
+    p.add_argument("--api-key-env", help="require the key held in this environment variable")
+    args, _ignored = p.parse_known_args()  # in place of sglang.launch_server: ignore its other flags
+    has_tokenizer = (Path(args.model_path) / "tokenizer_config.json").exists()
+    loopback = Loopback(
+        args.model_path,
+        load_tokenizer(args.model_path) if has_tokenizer else None,
+        os.environ.get(args.api_key_env) if args.api_key_env else None,
+        FaultPlan(**args.faults),
+    )
+    web.run_app(loopback.app(), host=args.host, port=args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()
