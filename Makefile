@@ -6,7 +6,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Cache compiled bytecode: every job imports torch and transformers afresh.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install sglang-env check-envs demo tiny-kimi test lint clean
+.PHONY: install sglang-env slurm-packages check-envs demo tiny-kimi test test-fast lint clean
 
 install: $(VENV)/.installed
 
@@ -41,9 +41,25 @@ demo: install
 tiny-kimi: install
 	snakemake --profile local --configfile config/tiny-kimi.yaml
 
-test: install sglang-env
-	pytest -q
-	$(SGLANG_VENV)/bin/python -m pytest -q -o addopts=-ra tests/real_sglang
+# tests/test_slurm.py's single-node cluster: Debian's SLURM, its accounting daemon on a private MariaDB,
+# munge. Installed with apt as root; elsewhere `make test` stops here, before any test, saying why.
+SLURM_DAEMONS := slurmctld slurmd slurmdbd munged mariadbd
+slurm-packages:
+	@missing=$$(for d in $(SLURM_DAEMONS); do PATH="$$PATH:/usr/sbin" command -v $$d >/dev/null || echo $$d; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "make test: the SLURM tests need $$missing (Debian: slurm-wlm munge slurmdbd mariadb-server)," \
+			"installed with apt-get as root; run make test as root, or install them first." >&2; exit 1; fi; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge slurmdbd mariadb-server >/dev/null
+
+# Every tier but the end-to-end runs, the SLURM cluster, SGLang and the trainers: under 5 minutes.
+FAST := not e2e and not slurm and not sglang and not trainers
+test-fast: install
+	pytest -q -m "$(FAST)" --durations=25
+
+test: slurm-packages install sglang-env
+	pytest -q --durations=25
+	$(SGLANG_VENV)/bin/python -m pytest -q -o addopts=-ra --durations=25 tests/real_sglang
 
 lint: install
 	ruff check src scripts tests

@@ -49,7 +49,8 @@ def start_loopback(port: int, faults: dict) -> subprocess.Popen:
         "--api-key-env",
         KEY_ENV,
     ]
-    server = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    # The loopback is a test double (tests/doubles): run it as a module of the repository.
+    server = subprocess.Popen(command, stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
     for _ in range(200):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)

@@ -22,7 +22,7 @@ import torch
 import yaml
 import zstandard
 
-from eagle3_datagen.backends.batching import plan_batches
+from eagle3_datagen.backends.batching import pad_batch, plan_batches
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.stages.hidden import capture_shard
@@ -43,13 +43,7 @@ def make_samples(n: int, pool: list[int], seed: int = 0) -> list[dict]:
 def bare_forward_seconds(capture: HFCapture, samples: list[dict], max_batch_tokens: int) -> float:
     start = time.perf_counter()
     for batch in plan_batches([len(s["input_ids"]) for s in samples], max_batch_tokens):
-        rows = [samples[i]["input_ids"] for i in batch]
-        longest = max(len(r) for r in rows)
-        ids = torch.zeros((len(rows), longest), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for k, r in enumerate(rows):
-            ids[k, : len(r)] = torch.tensor(r)
-            mask[k, : len(r)] = 1
+        ids, mask = pad_batch([samples[i]["input_ids"] for i in batch], pad_id=0)
         capture.lm.model(input_ids=ids, attention_mask=mask)
     return time.perf_counter() - start
 
@@ -60,9 +54,11 @@ def main() -> None:
     p.add_argument("--results", default="results")
     p.add_argument("--pad-batch", type=int, default=8)
     p.add_argument("--levels", type=int, nargs="+", default=[1, 3, 9, 19])
+    p.add_argument("--model", help="model directory (default: config.yaml's model.path, the demo's)")
     args = p.parse_args()
     torch.set_num_threads(2)
     config = yaml.safe_load(Path("config.yaml").read_text())
+    model_path = args.model or config["model"]["path"]
     settings = {**config["hidden_states"], "shard_bytes": 64 << 20}
     pool = [
         t
@@ -71,7 +67,7 @@ def main() -> None:
         for t in s["input_ids"]
     ]
     samples = make_samples(args.samples, pool)
-    capture = HFCapture(config["model"]["path"], settings["aux_layers"], settings["final"], settings["hf"])
+    capture = HFCapture(model_path, settings["aux_layers"], settings["final"], settings["hf"])
     tokens = sum(len(s["input_ids"]) for s in samples)
     bare = bare_forward_seconds(capture, samples, settings["max_batch_tokens"])
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,10 +26,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default="results")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--model", help="model directory (default: config.yaml's model.path, the demo's)")
     args = p.parse_args()
     torch.set_num_threads(2)
     config = yaml.safe_load(Path("config.yaml").read_text())
-    model_path = config["model"]["path"]
+    model_path = args.model or config["model"]["path"]
     settings = ProbeSettings.from_config(config.get("probe") or {})
     shards = sorted(Path(args.results).glob("*/tokens/*.jsonl.zst"))
     hidden_times, probe_times, positions = [], [], 0

@@ -18,6 +18,7 @@ Run from the repository root with the project's venv on PATH.
 import argparse
 import json
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +26,6 @@ from pathlib import Path
 from eagle3_datagen.chat.template import load_tokenizer, resolve_special_tokens
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 from eagle3_datagen.stages.tokens import TokenBuilder, TokenSettings, build_samples, make_builder
-from tests.doubles.tiktoken_slow import write_remote_code_dir
 
 REPO = Path(__file__).resolve().parents[1]
 KIMI = REPO / "resources" / "kimi-k2.5"
@@ -105,6 +105,9 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--per-length", type=int, default=100, help="conversations per length in the scaling table")
     args = p.parse_args()
+    sys.path.insert(0, str(REPO))  # the remote-code slow tokenizer is a test double, in tests/doubles
+    from tests.doubles.tiktoken_slow import write_remote_code_dir
+
     settings = TokenSettings(max_length=1 << 20)
     with tempfile.TemporaryDirectory() as tmp:
         slow_dir = write_remote_code_dir(KIMI, Path(tmp) / "remote")

@@ -64,6 +64,23 @@ def snakemake(args: list[str], cwd: Path, check=True) -> subprocess.CompletedPro
     return run([str(Path(sys.executable).parent / "snakemake"), *args], cwd, check=check)
 
 
+# Fixtures that run the workflow (or a model fit) end to end: a test that takes one is in the e2e tier.
+E2E_FIXTURES = {"demo_dir", "production_dir", "tiny_kimi_dir", "tiny_kimi_responses", "slurm_cluster"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tiers by what a test needs, so that a new test lands in the right one: `e2e` for the end-to-end
+    fixtures, `slurm` for the test cluster, `sglang` for everything under tests/real_sglang."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & E2E_FIXTURES:
+            item.add_marker(pytest.mark.e2e)
+        if "slurm_cluster" in fixtures:
+            item.add_marker(pytest.mark.slurm)
+        if "real_sglang" in item.path.parts:
+            item.add_marker(pytest.mark.sglang)
+
+
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory) -> Path:
     """The embedded demo, run once with the README's own command in a copy of the workflow."""

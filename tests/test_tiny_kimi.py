@@ -7,8 +7,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eagle3_datagen.chat.template import render_text
+from eagle3_datagen.chat.template import render_text, resolve_special_tokens
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
+from eagle3_datagen.chat.tool_calls import derive_markers
 from eagle3_datagen.formats.datasets import link_tool_calls
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
@@ -51,11 +52,13 @@ def test_turn_text_is_what_the_k25_template_renders_after_its_generation_prompt(
     plain = {"role": "assistant", "content": "Sunny.", "reasoning": "Easy."}
     # A tool-call turn keeps its reasoning in K2.5's rendering; a plain last turn does so only when the
     # template is asked to preserve thinking. Either way: generation prompt + exactly what the model emits.
+    specials, markers = resolve_special_tokens(kimi_tokenizer), derive_markers(kimi_tokenizer)
     for turn, tools, kwargs in ((call, [WEATHER_TOOL], {}), (plain, None, {"preserve_thinking": True})):
         prompt = render_text(kimi_tokenizer, user, True, kwargs, tools)
         assert prompt.endswith("<|im_assistant|>assistant<|im_middle|><think>")
-        assert render_text(kimi_tokenizer, [*user, turn], False, kwargs, tools) == prompt + kimi_turn_text(turn)
-    assert kimi_turn_text(call) == (
+        emitted = kimi_turn_text(turn, specials, markers)
+        assert render_text(kimi_tokenizer, [*user, turn], False, kwargs, tools) == prompt + emitted
+    assert kimi_turn_text(call, specials, markers) == (
         "Call it.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
         '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>'
     )

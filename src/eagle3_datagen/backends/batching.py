@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 
 def plan_batches(lengths: Sequence[int], max_batch_tokens: int, packed: bool = False) -> list[list[int]]:
     """Length-sorted batches within the token budget: counted as rows x longest for padded
@@ -33,3 +35,18 @@ def capture_in_batches(capture, sequences: Sequence[list[int]], max_batch_tokens
             for i, state in zip(batch, batch_states, strict=True):
                 states[i] = state
     return states
+
+
+def pad_batch(
+    sequences: Sequence[Sequence[int]], pad_id: int, side: str = "right"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token IDs [B, longest] padded with `pad_id` on `side` (`right` for a forward pass under a
+    causal mask, `left` for generation), and the attention mask (1 on real tokens)."""
+    longest = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, seq in enumerate(sequences):
+        where = slice(0, len(seq)) if side == "right" else slice(longest - len(seq), longest)
+        ids[row, where] = torch.tensor(list(seq), dtype=torch.long)
+        mask[row, where] = 1
+    return ids, mask

@@ -106,10 +106,16 @@ class ToolCallMarkers:
         return text[: text.find(self.section_begin)], calls
 
     def render(self, calls: Sequence[tuple[str, str]], first_index: int = 0) -> str:
-        """The section a model emits for `(name, arguments)` calls."""
+        """The section a model emits for `(name, arguments)` calls, numbered from `first_index`."""
+        return self.render_calls(
+            [openai_call(name, arguments, first_index + i) for i, (name, arguments) in enumerate(calls)]
+        )
+
+    def render_calls(self, calls: Sequence[dict]) -> str:
+        """The section a model emits for OpenAI-layout `calls`, with their ids as they are."""
         body = "".join(
-            f"{self.call_begin}{call_id(name, first_index + i)}{self.argument_begin}{arguments}{self.call_end}"
-            for i, (name, arguments) in enumerate(calls)
+            f"{self.call_begin}{call['id']}{self.argument_begin}{call['function']['arguments']}{self.call_end}"
+            for call in calls
         )
         return f"{self.section_begin}{body}{self.section_end}"
 

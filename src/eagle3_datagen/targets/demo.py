@@ -15,6 +15,7 @@ import torch
 from tokenizers import AddedToken
 from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from eagle3_datagen.backends.batching import pad_batch, plan_batches
 from eagle3_datagen.chat.template import render_ids
 from eagle3_datagen.formats.datasets import recorded_conversations
 from eagle3_datagen.formats.files import atomic_dir
@@ -121,27 +122,17 @@ def _length_groups(lengths: list[int], max_batch_tokens: int | None) -> list[lis
     (one batch of all, in order, when it is None)."""
     if max_batch_tokens is None:
         return [list(range(len(lengths)))]
-    groups: list[list[int]] = []
-    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        if groups and (len(groups[-1]) + 1) * lengths[index] <= max_batch_tokens:
-            groups[-1].append(index)
-        else:
-            groups.append([index])
-    return groups
+    return plan_batches(lengths, max_batch_tokens)
 
 
 def _padded_batch(
     sequences: list[list[int]], loss_masks: list[list[int]] | None, local: dict[int, int]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Local token IDs, next-token targets (-100 where not trained) and the attention mask, right-padded."""
-    longest = max(len(s) for s in sequences)
-    ids = torch.zeros((len(sequences), longest), dtype=torch.long)
+    ids, mask = pad_batch([[local[t] for t in seq] for seq in sequences], pad_id=0, side="right")
     targets = torch.full_like(ids, -100)
-    mask = torch.zeros_like(ids)
     for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = torch.tensor([local[t] for t in seq])
         targets[row, : len(seq) - 1] = ids[row, 1 : len(seq)]
-        mask[row, : len(seq)] = 1
         if loss_masks is not None:
             untrained = torch.tensor(loss_masks[row][1:]) == 0
             targets[row, : len(seq) - 1][untrained] = -100

@@ -18,14 +18,13 @@ from pathlib import Path
 import torch
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedTokenizerBase
 
-from eagle3_datagen.chat.template import encode, render_generation_prompt
+from eagle3_datagen.chat.template import SpecialTokens, encode, render_generation_prompt, resolve_special_tokens
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
+from eagle3_datagen.chat.tool_calls import ToolCallMarkers, derive_markers
 from eagle3_datagen.formats.datasets import normalize, recorded_conversations
 from eagle3_datagen.formats.files import atomic_dir
 from eagle3_datagen.targets.demo import fit_to_conversations
 
-THINK_END = "</think>"
-END_OF_TURN = "<|im_end|>"
 # The tokenizer files a Kimi model directory ships beside its weights.
 KIMI_TOKENIZER_FILES = ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja")
 # Tool prompts are several times longer than chat ones: fit in batches of similar length.
@@ -101,19 +100,12 @@ def tiny_kimi_model(config: dict, seed: int) -> DeepseekV3ForCausalLM:
     return DeepseekV3ForCausalLM(DeepseekV3Config(**config))
 
 
-def kimi_tool_calls_text(tool_calls: list[dict]) -> str:
-    """Tool calls as K2.5's template renders them (and the model emits them)."""
-    calls = "".join(
-        f"<|tool_call_begin|>{call['id']}<|tool_call_argument_begin|>{call['function']['arguments']}<|tool_call_end|>"
-        for call in tool_calls
-    )
-    return f"<|tool_calls_section_begin|>{calls}<|tool_calls_section_end|>"
-
-
-def kimi_turn_text(turn: dict) -> str:
-    """What a Kimi model emits after its generation prompt (which already opened the think block)."""
-    calls = kimi_tool_calls_text(turn["tool_calls"]) if turn.get("tool_calls") else ""
-    return f"{turn['reasoning']}{THINK_END}{turn['content']}{calls}{END_OF_TURN}"
+def kimi_turn_text(turn: dict, specials: SpecialTokens, markers: ToolCallMarkers) -> str:
+    """What a Kimi model emits after its generation prompt (which already opened the think block),
+    in the markers the tokenizer and template give (`chat.template.resolve_special_tokens`,
+    `chat.tool_calls.derive_markers`)."""
+    calls = markers.render_calls(turn["tool_calls"]) if turn.get("tool_calls") else ""
+    return f"{turn['reasoning']}{specials.think_end}{turn['content']}{calls}{specials.end_of_turn}"
 
 
 def regeneration_turns(prompt: dict, original: list[dict], reasoning: str) -> list[tuple[list[dict], dict]]:
@@ -158,13 +150,15 @@ def fitting_samples(
 
     `partitions`: `{"source", "format", "system_prompt"}` per partition, read as the prompts stage reads them.
     """
+    specials = resolve_special_tokens(tokenizer, None, template_kwargs)
+    markers = derive_markers(tokenizer, template_kwargs)
     sequences, masks = [], []
     for part in partitions:
         originals = dict(recorded_conversations(part["source"], part["format"]))
         for prompt in normalize(part["source"], part["format"], part.get("system_prompt"), Counter()):
             for history, turn in regeneration_turns(prompt, originals[prompt["source"]["line"]], reasoning):
                 prompt_ids = render_generation_prompt(tokenizer, history, prompt.get("tools"), template_kwargs)
-                turn_ids = encode(tokenizer, kimi_turn_text(turn))
+                turn_ids = encode(tokenizer, kimi_turn_text(turn, specials, markers))
                 sequences.append(prompt_ids + turn_ids)
                 masks.append([0] * len(prompt_ids) + [1] * len(turn_ids))
     return sequences, masks
@@ -205,8 +199,7 @@ def build_tiny_kimi(partitions: list[dict], out_dir: str | Path, settings: dict)
         loss_masks=masks,
         max_batch_tokens=FIT_BATCH_TOKENS,
     )
-    end_of_turn = tokenizer.convert_tokens_to_ids(END_OF_TURN)
-    model.generation_config.eos_token_id = end_of_turn
+    model.generation_config.eos_token_id = resolve_special_tokens(tokenizer).end_of_turn_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = config["bos_token_id"]
     build = {"settings": settings, "samples": len(sequences), "losses": losses}

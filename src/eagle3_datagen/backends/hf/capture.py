@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from eagle3_datagen.backends.base import SingleProcess
+from eagle3_datagen.backends.batching import pad_batch
 from eagle3_datagen.backends.hf.model import load_causal_lm
 from eagle3_datagen.formats.hidden_shard import resolve_aux_layers
 
@@ -32,13 +33,8 @@ class HFCapture:
     @torch.inference_mode()
     def __call__(self, batch: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per sample: (aux [T, A*H], final [T, H]) for a batch of token ID lists."""
-        longest = max(len(ids) for ids in batch)
         device = self.lm.device
-        input_ids = torch.zeros((len(batch), longest), dtype=torch.long)
-        mask = torch.zeros_like(input_ids)
-        for row, ids in enumerate(batch):
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-            mask[row, : len(ids)] = 1
+        input_ids, mask = pad_batch(batch, pad_id=0, side="right")
         wanted = list(self.aux_layers) + ([self.num_layers] if self.final == "raw" else [])
         captured: dict[int, torch.Tensor] = {}
         hooks = []

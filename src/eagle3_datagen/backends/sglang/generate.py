@@ -17,17 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_datagen.backends.base import RetryableError, ServerError, Turn, finish_reason
+from eagle3_datagen.backends.base import RetryableError, ServerError, Turn
 from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
-from eagle3_datagen.backends.rendered import ToolCallReader
+from eagle3_datagen.backends.rendered import RenderedChat
 from eagle3_datagen.backends.sglang.server import DEFAULT_URL
-from eagle3_datagen.chat.template import (
-    load_tokenizer,
-    render_generation_prompt,
-    resolve_special_tokens,
-    split_output_ids,
-)
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +62,8 @@ class SGLangBackend:
     def __init__(self, model_path: str | Path, sampling: dict, settings: dict, model_settings: dict):
         self.model_path = Path(model_path)
         self.model = settings.get("served_model") or self.model_path.name
-        self.tokenizer = load_tokenizer(model_path, model_settings.get("trust_remote_code", False))
-        self.template_kwargs = model_settings.get("chat_template_kwargs") or {}
-        self.specials = resolve_special_tokens(
-            self.tokenizer, model_settings.get("special_tokens"), self.template_kwargs
-        )
-        self.tool_calls = ToolCallReader(self.tokenizer, self.template_kwargs)
+        self.chat = RenderedChat(model_path, model_settings)
+        self.specials = self.chat.specials
         self.sampling = sampling
         self.short, self.long = tiers_from_config(settings, sampling["max_new_tokens"])
         self.concurrency = self.short.concurrency + self.long.concurrency
@@ -96,7 +86,7 @@ class SGLangBackend:
             "model": self.model,
             "sampling": self.sampling,
             "tiers": [self.short.__dict__, self.long.__dict__],
-            "chat_template_kwargs": self.template_kwargs,
+            "chat_template_kwargs": self.chat.template_kwargs,
         }
 
     async def __aenter__(self) -> SGLangBackend:
@@ -147,8 +137,7 @@ class SGLangBackend:
         }
 
     async def generate(self, messages: list[dict], tools: list[dict] | None = None) -> Turn:
-        self.tool_calls.check(tools)
-        prompt_ids = render_generation_prompt(self.tokenizer, messages, tools, self.template_kwargs)
+        prompt_ids = self.chat.prompt_ids(messages, tools)
         tier = self.tier_for(len(prompt_ids))
         async with self._slots[tier.name]:
             body, attempts = await self.client.post("/generate", self._payload(prompt_ids, tier), _check_generation)
@@ -162,29 +151,12 @@ class SGLangBackend:
             and output_ids[-1:] != [self.specials.end_of_turn_id]
         ):
             output_ids.append(self.specials.end_of_turn_id)  # a server that trims the matched token
-        parsed = split_output_ids(self.tokenizer, output_ids, self.specials, prompt_ids)
         think_end = self.specials.think_end_id
-        reasoning_tokens = output_ids.index(think_end) + 1 if think_end in output_ids else 0
-        content, calls, calls_malformed = self.tool_calls.split(parsed.content, messages, tools)
-        return Turn(
-            content=content,
-            reasoning=parsed.reasoning,
-            finish_reason=finish_reason(parsed.stopped, calls),
-            usage={
-                "prompt_tokens": meta.get("prompt_tokens", len(prompt_ids)),
-                "completion_tokens": meta.get("completion_tokens", len(output_ids)),
-                "cached_tokens": meta.get("cached_tokens", 0),
-                "reasoning_tokens": reasoning_tokens,
-            },
-            output_ids=output_ids,
-            malformed="think_block" if not parsed.well_formed else calls_malformed,
-            tool_calls=calls or None,
-            extra={
-                "produced_by": {
-                    "backend": self.name,
-                    "tier": tier.name,
-                    "attempts": attempts,
-                    "finish_reason": finish,
-                }
-            },
-        )
+        usage = {
+            "prompt_tokens": meta.get("prompt_tokens", len(prompt_ids)),
+            "completion_tokens": meta.get("completion_tokens", len(output_ids)),
+            "cached_tokens": meta.get("cached_tokens", 0),
+            "reasoning_tokens": output_ids.index(think_end) + 1 if think_end in output_ids else 0,
+        }
+        produced_by = {"backend": self.name, "tier": tier.name, "attempts": attempts, "finish_reason": finish}
+        return self.chat.turn(output_ids, prompt_ids, messages, tools, usage, {"produced_by": produced_by})
