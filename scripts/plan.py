@@ -14,7 +14,6 @@ from pathlib import Path
 import yaml
 
 from eagle3_datagen.cli import run_snakemake
-from eagle3_datagen.reporting.plan import format_plan, make_plan, scheduled_partitions
 
 
 def main() -> None:
@@ -28,6 +27,9 @@ def main() -> None:
     prompt_rules = [f"prompts_{name}" for name in config["partitions"]]
     run_snakemake([*common, "--until", *prompt_rules, "--cores", "2", "--quiet", "all"])
     dry_run = run_snakemake([*common, "-n"])
+    # Only counting tokens needs the tokenizer (transformers, torch): --help and Snakemake's calls do not.
+    from eagle3_datagen.reporting.plan import format_plan, make_plan, scheduled_partitions
+
     plan = make_plan(config, sorted(scheduled_partitions(dry_run)))
     print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
 

@@ -3,15 +3,8 @@ import contextlib
 import pytest
 
 from eagle3_datagen.chat.template import TemplateError, encode, resolve_special_tokens, split_output_ids
-from eagle3_datagen.stages.tokens import (
-    CHUNK_ROWS,
-    BoundaryError,
-    ReasoningDroppedError,
-    TokenBuilder,
-    TokenSettings,
-    build_samples,
-    loss_spans,
-)
+from eagle3_datagen.stages.tokens import CHUNK_ROWS, TokenBuilder, TokenSettings, build_samples, loss_spans
+from eagle3_datagen.stages.tokens.turns import BoundaryError, ReasoningDroppedError
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 

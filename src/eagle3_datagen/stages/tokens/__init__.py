@@ -1,0 +1,261 @@
+"""Stage 3: responses -> input_ids + loss mask, rebuilt with the model's own chat template.
+
+Each regenerated turn is trained as the model emitted it: its generation prompt (the history
+rendered with `add_generation_prompt`, tools declared) followed by exactly what the model
+produced after it. With the server's generated IDs that is those IDs; from text it is the turn
+rebuilt in the model's format, derived from the template (Kimi-K2.5's prompt opens `<think>`, so
+`{reasoning}</think>{content}<|im_end|>`; Qwen3's does not, so `<think>\n{reasoning}\n</think>...`).
+Where both exist they are audited against each other, continuation against continuation.
+
+`turns` locates the trained turns in the template's rendering, `encoding` turns that text into
+IDs (prompts encoded whole, boundaries through the tokenizer's offsets), `audit` compares and
+counts; `TokenBuilder` assembles samples and `run_tokens` is the stage's job.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from eagle3_datagen.chat.template import (
+    SpecialTokens,
+    load_tokenizer,
+    resolve_special_tokens,
+    tools_rendering,
+)
+from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
+from eagle3_datagen.formats.files import read_jsonl, write_json, write_jsonl_zst
+from eagle3_datagen.formats.histograms import histogram
+from eagle3_datagen.progress import Progress
+from eagle3_datagen.stages.tokens.audit import Audit, AuditFailure
+from eagle3_datagen.stages.tokens.encoding import PlanEncoder
+from eagle3_datagen.stages.tokens.turns import TurnLocator, TurnPlan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenSettings:
+    thinking: str = "keep_last"
+    prefer_ids: str = "server"  # "server" | "text"
+    keep_truncated: bool = False
+    max_length: int = 32768
+    length_policy: str = "truncate"  # "truncate" | "drop"
+    max_semantic_mismatch_rate: float = 0.01
+    audit_examples: int = 5
+
+    @classmethod
+    def from_config(cls, section: dict) -> TokenSettings:
+        return cls(**{k: v for k, v in section.items() if k in cls.__dataclass_fields__})
+
+
+class TokenBuilder:
+    """Response rows -> training samples, a batch of rows at a time.
+
+    A sample is the trained turn's generation prompt followed by what the model produced after
+    it: the server's IDs when it returned them, else the turn rebuilt from text in the model's
+    own format. Where the turns lie is `turns.TurnLocator`'s (rendering with `tokenizer`, its own
+    `apply_chat_template`, tools included); their IDs are `encoding.PlanEncoder`'s (`encoder`, by
+    default the same tokenizer, checked against `reference` when given); this class assembles IDs
+    and loss mask, audits rebuilt IDs against the server's, and applies the length policy.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        specials: SpecialTokens,
+        settings: TokenSettings,
+        template_kwargs: dict | None = None,
+        boundaries: str = "auto",
+        encoder: PreTrainedTokenizerBase | None = None,
+        reference: PreTrainedTokenizerBase | None = None,
+    ):
+        self.locator = TurnLocator(tokenizer, specials, settings.thinking, settings.keep_truncated, template_kwargs)
+        self.encoding = PlanEncoder(encoder or tokenizer, reference, boundaries)
+        self.tokenizer = tokenizer
+        self.specials = specials
+        self.settings = settings
+        self.audit = Audit()
+        self.tools_rendering = tools_rendering(tokenizer, template_kwargs or {})
+
+    def samples_for(self, row: dict) -> list[dict]:
+        """The training samples of one response row (none when the row is dropped)."""
+        return self.samples_for_rows([row])
+
+    def samples_for_rows(self, rows: list[dict]) -> list[dict]:
+        """The training samples of `rows`, in order, encoded in one batch."""
+        plans = [plan for row in rows for plan in self.locator.plans(row, self.audit.counts)]
+        if not plans:
+            return []
+        encoded = self.encoding.encode(plans, self.audit.counts)
+        samples = [self._sample(plan, *ids) for plan, *ids in zip(plans, *encoded, strict=True)]
+        return [s for s in samples if s is not None]
+
+    def _sample(
+        self, plan: TurnPlan, prompt_ids: list[int], spans: list[tuple[int, int]], rebuilt: list[int]
+    ) -> dict | None:
+        counts = self.audit.counts
+        output = rebuilt
+        ids_from = "text"
+        if plan.server_ids is not None:
+            self.audit.compare(
+                plan.sample_id, rebuilt, plan.server_ids, self.encoding.encoder, self.settings.audit_examples
+            )
+            # The prompt the server counted and the one rendered here should be the same IDs
+            # (a difference: tools or template settings not as in generation).
+            if plan.server_prompt_tokens not in (None, len(prompt_ids)):
+                counts["server_prompt_length_differs"] += 1
+            if self.settings.prefer_ids == "server":
+                output = list(plan.server_ids)
+                ids_from = "server"
+        input_ids = prompt_ids + output
+        loss_mask = [0] * len(input_ids)
+        for start, end in [*spans, (len(prompt_ids), len(input_ids))]:
+            loss_mask[start:end] = [1] * (end - start)
+        if len(input_ids) > self.settings.max_length:
+            if self.settings.length_policy == "drop":
+                counts["dropped_too_long"] += 1
+                return None
+            counts["truncated_to_max_length"] += 1
+            input_ids = input_ids[: self.settings.max_length]
+            loss_mask = loss_mask[: self.settings.max_length]
+            if not any(loss_mask):
+                counts["dropped_no_loss_after_truncation"] += 1
+                return None
+        counts["samples_out"] += 1
+        counts["tokens"] += len(input_ids)
+        counts["loss_tokens"] += sum(loss_mask)
+        counts[f"ids_from_{ids_from}"] += 1
+        return {"id": plan.sample_id, "input_ids": input_ids, "loss_mask": loss_mask}
+
+    def report(self) -> dict:
+        return {
+            "settings": self.settings.__dict__,
+            "tokenizer": self.describe_tokenizer(),
+            "boundaries": self.encoding.boundaries,
+            "tools_rendering": self.tools_rendering,
+            "special_tokens": self.specials.as_dict(),
+            "counts": dict(sorted(self.audit.counts.items())),
+            "audit": self.audit.summary(),
+        }
+
+    def describe_tokenizer(self) -> dict:
+        """Which tokenizer rendered and which encoded, and whether the encoder was checked."""
+        return {
+            "model": f"{type(self.tokenizer).__name__} ({'fast' if self.tokenizer.is_fast else 'slow'})",
+            "encoder": "model"
+            if self.encoding.encoder is self.tokenizer
+            else f"{type(self.encoding.encoder).__name__} (fast)",
+            "checked_against_model": self.encoding.reference is not None,
+        }
+
+
+def loss_spans(input_ids: list[int], loss_mask: list[int]) -> list[list[int]]:
+    """The token IDs of each contiguous run of loss-mask 1s, in order."""
+    spans: list[list[int]] = []
+    previous = 0
+    for token, bit in zip(input_ids, loss_mask, strict=True):
+        if bit:
+            if not previous:
+                spans.append([])
+            spans[-1].append(token)
+        previous = bit
+    return spans
+
+
+# Rows per encoding batch, and per task when several processes share a shard.
+CHUNK_ROWS = 256
+_worker_builder: TokenBuilder | None = None
+
+
+def make_builder(model_path: str | Path, model_settings: dict, settings: TokenSettings) -> TokenBuilder:
+    """The builder for a model directory. A slow tokenizer beside a `tiktoken.model` (Kimi's
+    remote-code `TikTokenTokenizer`) keeps rendering, and a fast tokenizer built from the same
+    files encodes, checked against the model's own on every text."""
+    tokenizer = load_tokenizer(model_path, model_settings.get("trust_remote_code", False))
+    template_kwargs = model_settings.get("chat_template_kwargs") or {}
+    specials = resolve_special_tokens(tokenizer, model_settings.get("special_tokens"), template_kwargs)
+    encoder = reference = None
+    if not tokenizer.is_fast and (Path(model_path) / "tiktoken.model").exists():
+        encoder, reference = fast_tokenizer_from_tiktoken(model_path), tokenizer
+    return TokenBuilder(tokenizer, specials, settings, template_kwargs, encoder=encoder, reference=reference)
+
+
+def _one_core() -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _build_chunk(rows: list[dict]) -> tuple[list[dict], Audit]:
+    """Runs in a forked worker, on the builder the parent made before forking."""
+    _worker_builder.audit = Audit()
+    return _worker_builder.samples_for_rows(rows), _worker_builder.audit
+
+
+def build_samples(
+    rows: list[dict],
+    model_path: str | Path,
+    model_settings: dict,
+    settings: TokenSettings,
+    workers: int = 1,
+) -> tuple[list[dict], dict]:
+    """All samples of `rows` in order, and the audit report; `workers` processes share the chunks.
+
+    The chat template is rendered in Python, one core per process: more processes, not threads,
+    are what scale it.
+    """
+    builder = make_builder(model_path, model_settings, settings)
+    log.info("special tokens: %s", builder.specials.as_dict())
+    chunks = [rows[i : i + CHUNK_ROWS] for i in range(0, len(rows), CHUNK_ROWS)]
+    samples: list[dict] = []
+    progress = Progress(len(rows), "rows", log)
+    if workers > 1 and len(chunks) > 1:
+        global _worker_builder
+        _worker_builder = builder
+        # Forked workers inherit the loaded tokenizer; each encodes on one core.
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_one_core) as pool:
+            for chunk, (chunk_samples, audit) in zip(chunks, pool.map(_build_chunk, chunks), strict=True):
+                samples.extend(chunk_samples)
+                builder.audit.merge(audit, settings.audit_examples)
+                progress.advance(len(chunk), tokens=sum(len(s["input_ids"]) for s in chunk_samples))
+    else:
+        for chunk in chunks:
+            chunk_samples = builder.samples_for_rows(chunk)
+            samples.extend(chunk_samples)
+            progress.advance(len(chunk), tokens=sum(len(s["input_ids"]) for s in chunk_samples))
+    progress.close()
+    return samples, builder.report()
+
+
+def run_tokens(
+    responses_path: str | Path,
+    out_path: str | Path,
+    audit_path: str | Path,
+    model_path: str | Path,
+    model_settings: dict,
+    settings: TokenSettings,
+    workers: int = 1,
+) -> dict:
+    samples, report = build_samples(read_jsonl(responses_path), model_path, model_settings, settings, workers)
+    rate = report["audit"]["semantic_rate"]
+    if rate > settings.max_semantic_mismatch_rate:
+        log.error("audit: %s", report["audit"])
+        raise AuditFailure(
+            f"{responses_path}: {report['audit']['semantic']} of {report['audit']['turns_compared']} turns "
+            f"({rate:.2%}) rebuilt from text differ in meaning from the server's token IDs, above "
+            f"tokens.max_semantic_mismatch_rate={settings.max_semantic_mismatch_rate}. The chat template or "
+            "the response parsing does not match what the model generated; see the examples in the log"
+        )
+    report["lengths"] = {
+        "sample_tokens": histogram(len(s["input_ids"]) for s in samples),
+        "loss_tokens": histogram(sum(s["loss_mask"]) for s in samples),
+    }
+    write_jsonl_zst(out_path, samples)
+    write_json(audit_path, report)
+    return report
