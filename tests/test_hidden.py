@@ -6,6 +6,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
+from eagle3_datagen.backends.base import CaptureBackend, Ranks
 from eagle3_datagen.backends.batching import plan_batches
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.formats.hidden_codec import Codec, byte_planes, dequantize, from_byte_planes, quantize
@@ -165,16 +166,27 @@ def test_part_layout_matches_the_contract(tmp_path, capture):
     assert t["offsets"].tolist() == [0, *torch.cumsum(torch.tensor([len(s["input_ids"]) for s in samples]), 0).tolist()]
 
 
+class PoisonedCapture:
+    """A `CaptureBackend` that returns another capture's states with NaN auxiliary layers."""
+
+    def __init__(self, capture: CaptureBackend):
+        self.capture = capture
+        self.packed, self.ranks = capture.packed, capture.ranks
+        self.model_name, self.num_layers, self.hidden_size = capture.model_name, capture.num_layers, capture.hidden_size
+        self.aux_layers, self.final = capture.aux_layers, capture.final
+
+    def __call__(self, batch):
+        return [(aux * float("nan"), final) for aux, final in self.capture(batch)]
+
+
+def test_captures_are_capture_backends(capture):
+    assert isinstance(capture, CaptureBackend) and isinstance(capture.ranks, Ranks)
+    assert isinstance(PoisonedCapture(capture), CaptureBackend)
+
+
 def test_nonfinite_states_fail_past_the_threshold(tmp_path, capture, monkeypatch):
     samples = make_samples(4)
-
-    def poisoned(batch):
-        out = capture(batch)
-        return [(aux * float("nan"), final) for aux, final in out]
-
-    poisoned.model_name, poisoned.num_layers, poisoned.hidden_size = "m", 8, 32
-    poisoned.aux_layers, poisoned.final = [2, 4, 5], "normed"
-    poisoned.ranks, poisoned.packed = capture.ranks, capture.packed
+    poisoned = PoisonedCapture(capture)
     with pytest.raises(FloatingPointError, match="4 of 4 samples have NaN/Inf"):
         capture_shard(samples, tmp_path / "nan", poisoned, SETTINGS)
     index = capture_shard(samples, tmp_path / "ok", poisoned, {**SETTINGS, "max_nonfinite_fraction": 1.0})

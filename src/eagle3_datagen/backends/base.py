@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -60,6 +60,7 @@ def finish_reason(stopped: bool, tool_calls: list[dict] | None) -> str:
     return "tool_calls" if tool_calls else "stop"
 
 
+@runtime_checkable
 class GenerationBackend(Protocol):
     """Generates for a batch of conversations at once (in-process: `hf`)."""
 
@@ -72,6 +73,7 @@ class GenerationBackend(Protocol):
         ...
 
 
+@runtime_checkable
 class AsyncGenerationBackend(Protocol):
     """Generates one conversation's next turn per call, `concurrency` calls in flight (HTTP: `sglang`,
     `openrouter`). Used as an async context manager around the calls (it opens its session there)."""
@@ -97,6 +99,7 @@ class AsyncGenerationBackend(Protocol):
         ...
 
 
+@runtime_checkable
 class Ranks(Protocol):
     """The lockstep interface of a capture: one process (`SingleProcess`) or tensor-parallel ranks,
     every rank running the same forward passes and one of them (the writer) writing the files."""
@@ -117,6 +120,7 @@ class SingleProcess:
         return value
 
 
+@runtime_checkable
 class CaptureBackend(Protocol):
     """One prefill of the target model that returns the EAGLE-3 states of every token.
 
