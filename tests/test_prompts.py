@@ -142,8 +142,46 @@ def test_unknown_format_lists_the_known_ones(tmp_path):
 
 def test_record_of_the_wrong_format_is_named(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [SHAREGPT, ALPACA])
-    with pytest.raises(InputError, match=r"in\.jsonl:2: not a sharegpt record .* needs conversations"):
+    with pytest.raises(
+        InputError, match=r"in\.jsonl:2: 1 of 2 .* line 2: not a sharegpt record .* needs conversations"
+    ):
         list(normalize(src, "sharegpt", None, Counter()))
+
+
+def test_text_is_kept_as_written_and_an_empty_system_turn_is_dropped_alone(tmp_path):
+    record = {
+        "conversations": [
+            {"from": "system", "value": "  "},
+            {"from": "human", "value": "  indented\n"},
+            {"from": "gpt", "value": "ok"},
+        ]
+    }
+    stats = Counter()
+    [prompt] = list(normalize(write_jsonl(tmp_path / "in.jsonl", [record]), "sharegpt", None, stats))
+    assert prompt["messages"] == [{"role": "user", "content": "  indented\n"}]
+    assert stats["dropped_empty_system_turn"] == 1
+
+
+def test_toolace_calls_with_spaced_names_nested_literals_and_commas_in_strings():
+    from eagle3_datagen.formats.datasets.toolcalls import toolace_calls
+
+    parsed = toolace_calls('[Get Image(sport="foot, ball)"), Search(ids=[1, 2], opts={"a": True})]')
+    assert [(c["name"], c["arguments"]) for c in parsed] == [
+        ("Get Image", '{"sport":"foot, ball)"}'),
+        ("Search", '{"ids":[1,2],"opts":{"a":true}}'),
+    ]
+    assert toolace_calls("[1, 2, 3] is a list") is None and toolace_calls("Plain [text]") is None
+
+
+def test_prompt_settings_leave_defaults_out_and_name_earlier_partitions_only_when_dropping():
+    from eagle3_datagen.workflow.settings import prompt_settings
+
+    config = {"partitions": {"b": {"format": "auto"}, "a": {"format": "glaive", "max_bad_record_rate": 0.01}}}
+    assert prompt_settings(config, "b") == {"format": "auto", "system_prompt": None, "max_prompts": None}
+    assert prompt_settings(config, "a")["max_bad_record_rate"] == 0.01
+    config["prompts"] = {"shared_across_partitions": "drop"}
+    assert prompt_settings(config, "b")["drop_shared_with"] == ["a"]
+    assert "drop_shared_with" not in prompt_settings(config, "a")
 
 
 GLAIVE_FUNCTIONS = """SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -
