@@ -20,6 +20,7 @@ It also prints the figures per 1,000 prompts, which carry over to the full datas
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -65,7 +66,9 @@ def plan_for(config_name: str, work: Path, copies: int, shards: int | None) -> d
     derived = work / f"{config_name}.yaml"
     derived.write_text(yaml.safe_dump(config, sort_keys=False))
     command = [sys.executable, "scripts/plan.py", "--configfile", str(derived), "--profile", "profiles/gpu", "--json"]
-    proc = subprocess.run(command, cwd=work, capture_output=True, text=True)
+    # The rules' `python` is this environment's, as with an activated venv.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(command, cwd=work, capture_output=True, text=True, env=env)
     if proc.returncode:
         raise SystemExit(f"scripts/plan.py failed on {config_name}:\n{proc.stdout}{proc.stderr}")
     return json.loads(proc.stdout)

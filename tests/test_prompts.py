@@ -292,7 +292,7 @@ def test_glaive_functions_calls_and_results_become_openai_tools_with_kimi_ids(tm
         },
         {"role": "user", "content": "Thanks!"},
     ]
-    assert stats == Counter(records=1)
+    assert stats == Counter(records=1, system_tool_list_moved_to_tools=1)
     written = build_prompts(src, "glaive", [tmp_path / "0.jsonl.zst"], tmp_path / "stats.json")
     assert (written["with_tools"], written["recorded_tool_calls"], written["multi_turn"]) == (1, 2, 1)
 
