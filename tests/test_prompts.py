@@ -432,3 +432,15 @@ def test_legacy_function_calls_and_orphan_results(tmp_path):
         "content": "25C",
     }
     assert second["messages"] == [{"role": "user", "content": "Hi"}] and stats["cut_tool_result_unmatched"] == 1
+
+
+def test_question_answer_and_alpaca_history_layouts(tmp_path):
+    """glaive-code-assistant's `question`/`answer` (its card: "a QA format"; no verbatim row was found,
+    tests/fixtures/realdata/PROVENANCE.md, so this record is written here) and LLaMA-Factory's alpaca
+    `history` ([query, response] pairs before the instruction)."""
+    qa = {"question": "How do I reverse a list in Python?", "answer": "Use `lst[::-1]`."}
+    history = {"instruction": "And a tuple?", "output": "The same.", "history": [["Reverse a list?", "lst[::-1]"]]}
+    first, second = list(normalize(write_jsonl(tmp_path / "in.jsonl", [qa, history]), "auto", None, Counter()))
+    assert first["messages"] == [{"role": "user", "content": "How do I reverse a list in Python?"}]
+    assert first["source"]["format"] == "query_answer"
+    assert [m["content"] for m in second["messages"]] == ["Reverse a list?", "And a tuple?"]
