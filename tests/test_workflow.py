@@ -502,3 +502,27 @@ def test_status_tells_complete_stale_running_and_failed(demo_dir, tmp_path):
     snakemake(["--profile", "profiles/local", "--configfile", "changed.yaml"], work, check=False)
     failed = status(work, "--configfile", "changed.yaml")["demo_alpaca"]
     assert failed["state"] == "failed" and "results/demo_alpaca/hidden/00000" in failed["detail"]
+
+
+def test_shared_prompts_drop_makes_later_partitions_read_the_earlier_ones_prompts(tmp_path):
+    """`keep` (the default) leaves the prompts rules independent, with the command a config written before
+    the option gets; `drop` gives a partition the prompt shards of those before it in name order."""
+    work = copy_workflow(tmp_path / "wf")
+    target = ["-n", "-p", "--profile", "profiles/local", "results/demo_sharegpt/prompts/stats.json"]
+    keep = snakemake(target, work).stdout
+    assert sorted(r for r, _ in scheduled(keep)) == ["prompts_demo_sharegpt"]
+    assert (
+        "python scripts/prompts.py --source resources/demo/data/sharegpt.jsonl --out "
+        "results/demo_sharegpt/prompts/00000.jsonl.zst results/demo_sharegpt/prompts/00001.jsonl.zst --stats"
+    ) in keep
+    config = yaml.safe_load((work / "config.yaml").read_text())
+    config["prompts"] = {"shared_across_partitions": "drop"}
+    (work / "drop.yaml").write_text(yaml.safe_dump(config))
+    drop = snakemake([*target, "--configfile", "drop.yaml"], work).stdout
+    assert sorted(r for r, _ in scheduled(drop)) == [
+        "prompts_demo_alpaca",
+        "prompts_demo_openai",
+        "prompts_demo_sharegpt",
+    ]
+    earlier = "results/demo_alpaca/prompts/00000.jsonl.zst results/demo_openai/prompts/00000.jsonl.zst"
+    assert f"--earlier {earlier} results/demo_openai/prompts/00001.jsonl.zst --out" in drop
