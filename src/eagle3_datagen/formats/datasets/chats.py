@@ -40,14 +40,15 @@ OPENAI_TURN_FIELDS = frozenset({"role", "content", "tool_calls", "function_call"
 # response] pairs); Magicoder-Evol-Instruct-110K names the output `response`.
 ALPACA_FIELDS = frozenset({"instruction", "input", "output", "response", "system", "history", "id"})
 # Magicoder-OSS-Instruct-75K (ise-uiuc): lang, raw_index, index, seed, openai_fingerprint, problem,
-# solution; the problem is the user turn, the solution the answer. The seed is the code snippet the
-# problem was generated from, not a turn: counted as ignored like the rest.
+# solution (the features its copies' cards list, e.g. fhai50032/magicoder-oss-instruct-sharegpt-75k and
+# bobchenyx/C2Rust-Moxin's dataset_schema.md: "seed: the seed code snippet used to generate the problem",
+# "problem: natural-language problem", "solution: the solution code"). The problem is the user turn, the
+# solution the answer; the seed is not a turn: counted as ignored like the rest.
 PROBLEM_FIELDS = frozenset({"problem", "solution", "id"})
-# m-a-p/CodeFeedback-Filtered-Instruction: query, answer, resource, lang. glaiveai/glaive-code-assistant
-# (its card: "structured in a QA format"): question, answer.
+# m-a-p/CodeFeedback-Filtered-Instruction: query, answer, resource, lang (its card is empty; the row in
+# tests/fixtures/realdata/PROVENANCE.md). glaiveai/glaive-code-assistant (its card: "structured in a QA
+# format"; mwitiderrick/glaive-code-assistant's card renders it from `{question}` and `{answer}`).
 QUERY_FIELDS = frozenset({"query", "question", "answer", "id"})
-
-DIALECTS = ("plain", "hermes", "toolace")
 
 
 def _sharegpt_calls(value: str) -> list[dict]:

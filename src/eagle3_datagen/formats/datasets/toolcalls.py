@@ -32,7 +32,10 @@ HERMES_RESPONSE = re.compile(r"<tool_response>(?P<body>.*?)</tool_response>", re
 
 # ToolACE (Team-ACE/ToolACE data.json rows: `system` + `conversations` from user/assistant/tool): the
 # system prompt lists the functions as a JSON array after this sentence and asks for calls "in the
-# format of [func1(params_name=params_value, params_name2=params_value2...), func2(params)]".
+# format of [func1(params_name=params_value, params_name2=params_value2...), func2(params)]" (the
+# mariem123kfg/sob-ft-toolace card, mapping it: "Format: system + conversations[]", "Tool calls:
+# Bracket syntax [Func(a=1)]", "Tool schemas: Embedded in system prompt"); tool turns are JSON lists of
+# {"name", "results"}.
 TOOLACE_LIST = "Here is a list of functions in JSON format that you can invoke:\n"
 
 # xLAM (Salesforce/xlam-function-calling-60k, and argilla/apigen-function-calling, which adds
