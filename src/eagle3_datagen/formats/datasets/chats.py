@@ -41,7 +41,7 @@ OPENAI_TURN_FIELDS = frozenset({"role", "content", "tool_calls", "function_call"
 ALPACA_FIELDS = frozenset({"instruction", "input", "output", "response", "system", "history", "id"})
 # Magicoder-OSS-Instruct-75K (ise-uiuc): lang, raw_index, index, seed, openai_fingerprint, problem,
 # solution (the features its copies' cards list, e.g. fhai50032/magicoder-oss-instruct-sharegpt-75k and
-# bobchenyx/C2Rust-Moxin's dataset_schema.md: "seed: the seed code snippet used to generate the problem",
+# bobchenyx/C2Rust-Moxin's dataset_schema.md, translated: "seed: the seed code snippet used to generate the problem",
 # "problem: natural-language problem", "solution: the solution code"). The problem is the user turn, the
 # solution the answer; the seed is not a turn: counted as ignored like the rest.
 PROBLEM_FIELDS = frozenset({"problem", "solution", "id"})
