@@ -17,10 +17,12 @@ def main() -> None:
     p.add_argument("--hidden", nargs="*", default=[])
     p.add_argument("--probes", nargs="*", default=[])
     p.add_argument("--combine", nargs="*", help="partition summary JSON files to combine")
+    p.add_argument("--prompt-shards", nargs="*", default=[], help="with --combine: every partition's prompt shards")
     p.add_argument(
-        "--prompt-shards",
+        "--shard-counts",
         type=json.loads,
-        help="with --combine: JSON {partition: [prompt shard paths]}, to count shared prompts",
+        default=[],
+        help="with --combine: JSON [[partition, shards], ...], whose --prompt-shards (in order) are whose",
     )
     p.add_argument("--out", required=True)
     args = p.parse_args()
