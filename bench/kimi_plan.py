@@ -1,20 +1,26 @@
 #!/usr/bin/env python
-"""Print `scripts/plan.py` for the Kimi-K2.5 example configs, on stand-ins for what is not here.
+"""Print `scripts/plan.py` for the Kimi-K2.5 example configs, on the real tokenizer and real records.
 
-The configs are used as shipped (sampling, max tokens, prices, hidden-state layout, throughput,
-model shape) except for two inputs this machine lacks:
-- the model directory: Kimi-K2.5's real tokenizer files and template (`resources/kimi-k2.5`) with
-  the project's remote-code tiktoken tokenizer in place of Moonshot's (`tests.doubles.tiktoken_slow`),
-  so prompt token counts are Kimi's;
-- the raw datasets: the demo's conversations written in each partition's format (glaive's
-  `chat` text for B1_glaive, instruction/response records for B3_magicoder).
-It also prints the figures per 1,000 prompts, which carry over to the real datasets.
+The configs are used as shipped (partitions and their formats, sampling, max tokens, prices,
+hidden-state layout, throughput, model shape) except for two inputs this machine lacks:
+- the model directory: Kimi-K2.5's own tokenizer files and chat template (`resources/kimi-k2.5`:
+  tiktoken.model, tokenizer_config.json, chat_template.jinja), loaded through the remote-code
+  tokenizer `tests.doubles.tiktoken_slow` (Moonshot's tokenization_kimi.py is not vendored; the IDs
+  are tiktoken's over Kimi's ranks, so prompt token counts are Kimi's);
+- the raw datasets: each partition's source is written from the verbatim records of its dataset in
+  tests/fixtures/realdata (B1_glaive: glaive-function-calling-v2's `system`/`chat` rows as the
+  config's JSON array; B3_magicoder_evol and B3_magicoder_oss: Magicoder's JSON lines), in the
+  layout the config names. `--copies N` writes each record N times (the prompts stage keeps one of
+  each: the plan counts distinct prompts).
+It also prints the figures per 1,000 prompts, which carry over to the full datasets.
 
-  python bench/kimi_plan.py
+  python bench/kimi_plan.py                       # both configs, as shipped
+  python bench/kimi_plan.py --config kimi-k2.5-sglang --shards 1   # one config, one shard per partition
 """
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,53 +29,49 @@ from pathlib import Path
 
 import yaml
 
-from eagle3_datagen.formats.datasets import PARSERS
+from eagle3_datagen.formats.files import iter_records
 from eagle3_datagen.reporting.plan import format_plan
 from tests.doubles.tiktoken_slow import write_remote_code_dir
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = ("Snakefile", "rules", "schemas", "scripts", "envs", "profiles", "config", "config.yaml", "report")
-DEMO_SOURCES = {"sharegpt.jsonl": "sharegpt", "openai.jsonl": "openai", "alpaca.json": "alpaca"}
+REALDATA = REPO / "tests/fixtures/realdata"
+# Each example partition's dataset, as tests/fixtures/realdata holds its records.
+SOURCES = {
+    "B1_glaive": "glaive_function_calling_v2.jsonl",
+    "B3_magicoder_evol": "magicoder_evol_instruct_110k.jsonl",
+    "B3_magicoder_oss": "magicoder_oss_instruct_75k.jsonl",
+}
 CONFIGS = ("kimi-k2.5-sglang", "kimi-k2.5-openrouter")
 
 
-def demo_conversations() -> list[list[dict]]:
-    conversations = []
-    for name, fmt in DEMO_SOURCES.items():
-        text = (REPO / "resources/demo/data" / name).read_text()
-        records = json.loads(text) if name.endswith(".json") else [json.loads(line) for line in text.splitlines()]
-        conversations += [PARSERS[fmt](record) for record in records]
-    return [c for c in conversations if any(m["role"] == "user" for m in c)]
+def write_source(records: Path, target: Path, copies: int) -> None:
+    """The dataset's records in the container the config's source names (.json array or JSON lines)."""
+    rows = [record for _, record in iter_records(records)] * copies
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.name.endswith(".json"):
+        target.write_text(json.dumps(rows, ensure_ascii=False))
+    else:
+        target.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
-def write_sources(conversations: list[list[dict]], data: Path) -> None:
-    data.mkdir(parents=True)
-    glaive = []
-    for messages in conversations:
-        system = " ".join(m["content"] for m in messages if m["role"] == "system")
-        chat = " ".join(
-            f"{'USER' if m['role'] == 'user' else 'ASSISTANT'}: {m['content']}"
-            + (" <|endoftext|>" if m["role"] == "assistant" else "")
-            for m in messages
-            if m["role"] in ("user", "assistant")
-        )
-        glaive.append({"system": f"SYSTEM: {system}" if system else "", "chat": chat})
-    (data / "glaive-function-calling-v2.json").write_text(json.dumps(glaive))
-    with (data / "magicoder-evol-instruct.jsonl").open("w") as f:
-        for messages in conversations:
-            users = [m["content"] for m in messages if m["role"] == "user"]
-            f.write(json.dumps({"instruction": users[0], "response": ""}) + "\n")
-
-
-def plan_for(config_name: str, work: Path) -> dict:
+def plan_for(config_name: str, work: Path, copies: int, shards: int | None) -> dict:
     config = yaml.safe_load((REPO / "config" / f"{config_name}.yaml").read_text())
     config["model"]["path"] = str(work / "models/Kimi-K2.5")
-    for source in config["partitions"].values():
-        source["source"] = str(work / "data/raw" / Path(source["source"]).name)
+    for name, partition in config["partitions"].items():
+        partition["source"] = str(work / "data/raw" / Path(partition["source"]).name)
+        write_source(REALDATA / SOURCES[name], Path(partition["source"]), copies)
+        if shards is not None:
+            partition["shards"] = shards
     derived = work / f"{config_name}.yaml"
     derived.write_text(yaml.safe_dump(config, sort_keys=False))
     command = [sys.executable, "scripts/plan.py", "--configfile", str(derived), "--profile", "profiles/gpu", "--json"]
-    return json.loads(subprocess.run(command, cwd=work, capture_output=True, text=True, check=True).stdout)
+    # The rules' `python` is this environment's, as with an activated venv.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(command, cwd=work, capture_output=True, text=True, env=env)
+    if proc.returncode:
+        raise SystemExit(f"scripts/plan.py failed on {config_name}:\n{proc.stdout}{proc.stderr}")
+    return json.loads(proc.stdout)
 
 
 def per_thousand(plan: dict) -> str:
@@ -86,18 +88,26 @@ def per_thousand(plan: dict) -> str:
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", choices=CONFIGS, action="append", help="an example config (default: both)")
+    p.add_argument("--copies", type=int, default=1, help="times each real record is written (default 1)")
+    p.add_argument("--shards", type=int, help="shards per partition instead of the config's (e.g. 1 for a quick run)")
+    p.add_argument("--json", action="store_true", help="print the plans as JSON instead of tables")
+    args = p.parse_args()
+    plans = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name in WORKFLOW:
             (shutil.copytree if (REPO / name).is_dir() else shutil.copy2)(REPO / name, work / name)
         write_remote_code_dir(REPO / "resources/kimi-k2.5", work / "models/Kimi-K2.5")
-        write_sources(demo_conversations(), work / "data/raw")
-        for name in CONFIGS:
-            plan = plan_for(name, work)
-            print(f"### config/{name}.yaml\n\n{format_plan(plan)}\n\n{per_thousand(plan)}\n")
+        for name in args.config or CONFIGS:
+            plans[name] = plan_for(name, work, args.copies, args.shards)
+            if not args.json:
+                print(f"#### config/{name}.yaml\n\n{format_plan(plans[name])}\n\n{per_thousand(plans[name])}\n")
             shutil.rmtree(work / "results")
             shutil.rmtree(work / ".snakemake", ignore_errors=True)
+    if args.json:
+        print(json.dumps(plans, indent=2))
 
 
 if __name__ == "__main__":

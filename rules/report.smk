@@ -16,7 +16,9 @@ rule partition_summary:
 
 rule summary:
     input:
-        expand("results/report/{partition}.json", partition=PARTITIONS),
+        summaries=expand("results/report/{partition}.json", partition=PARTITIONS),
+        # to count the prompts partitions share (same content id)
+        prompt_shards=[s for p in PARTITIONS for s in get_prompt_outputs(p)],
     output:
         report(
             "results/report/summary.html",
@@ -29,5 +31,8 @@ rule summary:
         "../envs/cpu.yaml"
     params:
         partitions=PARTITION_SET,
+        # how many of the prompt shards, in order, are each partition's
+        shard_counts=wf.as_json([[p, len(get_prompt_outputs(p))] for p in PARTITIONS]),
     shell:
-        "python scripts/report.py --combine {input} --out {output} > {log} 2>&1"
+        "python scripts/report.py --combine {input.summaries} --prompt-shards {input.prompt_shards} "
+        "--shard-counts {params.shard_counts:q} --out {output} > {log} 2>&1"

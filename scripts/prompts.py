@@ -10,10 +10,22 @@ def main() -> None:
     p.add_argument("--source", required=True, help=".jsonl, .jsonl.zst, .json or .parquet file")
     p.add_argument("--out", nargs="+", required=True, help="one output path per shard, in shard order")
     p.add_argument("--stats", required=True, help="JSON file for the partition's counts")
+    p.add_argument(
+        "--earlier", nargs="*", default=[], help="earlier partitions' prompt shards: their prompts are left out"
+    )
     args = p.parse_args()
     cli.setup(args)
     s = args.settings
-    build_prompts(args.source, s["format"], args.out, args.stats, s.get("system_prompt"), s.get("max_prompts"))
+    build_prompts(
+        args.source,
+        s["format"],
+        args.out,
+        args.stats,
+        s.get("system_prompt"),
+        s.get("max_prompts"),
+        s.get("max_bad_record_rate", 0.0),
+        args.earlier,
+    )
 
 
 if __name__ == "__main__":

@@ -142,8 +142,46 @@ def test_unknown_format_lists_the_known_ones(tmp_path):
 
 def test_record_of_the_wrong_format_is_named(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [SHAREGPT, ALPACA])
-    with pytest.raises(InputError, match=r"in\.jsonl:2: not a sharegpt record .* needs conversations"):
+    with pytest.raises(
+        InputError, match=r"in\.jsonl:2: 1 of 2 .* line 2: not a sharegpt record .* needs conversations"
+    ):
         list(normalize(src, "sharegpt", None, Counter()))
+
+
+def test_text_is_kept_as_written_and_an_empty_system_turn_is_dropped_alone(tmp_path):
+    record = {
+        "conversations": [
+            {"from": "system", "value": "  "},
+            {"from": "human", "value": "  indented\n"},
+            {"from": "gpt", "value": "ok"},
+        ]
+    }
+    stats = Counter()
+    [prompt] = list(normalize(write_jsonl(tmp_path / "in.jsonl", [record]), "sharegpt", None, stats))
+    assert prompt["messages"] == [{"role": "user", "content": "  indented\n"}]
+    assert stats["dropped_empty_system_turn"] == 1
+
+
+def test_toolace_calls_with_spaced_names_nested_literals_and_commas_in_strings():
+    from eagle3_datagen.formats.datasets.toolcalls import toolace_calls
+
+    parsed = toolace_calls('[Get Image(sport="foot, ball)"), Search(ids=[1, 2], opts={"a": True})]')
+    assert [(c["name"], c["arguments"]) for c in parsed] == [
+        ("Get Image", '{"sport":"foot, ball)"}'),
+        ("Search", '{"ids":[1,2],"opts":{"a":true}}'),
+    ]
+    assert toolace_calls("[1, 2, 3] is a list") is None and toolace_calls("Plain [text]") is None
+
+
+def test_prompt_settings_leave_defaults_out_and_name_earlier_partitions_only_when_dropping():
+    from eagle3_datagen.workflow.settings import prompt_settings
+
+    config = {"partitions": {"b": {"format": "auto"}, "a": {"format": "glaive", "max_bad_record_rate": 0.01}}}
+    assert prompt_settings(config, "b") == {"format": "auto", "system_prompt": None, "max_prompts": None}
+    assert prompt_settings(config, "a")["max_bad_record_rate"] == 0.01
+    config["prompts"] = {"shared_across_partitions": "drop"}
+    assert prompt_settings(config, "b")["drop_shared_with"] == ["a"]
+    assert "drop_shared_with" not in prompt_settings(config, "a")
 
 
 GLAIVE_FUNCTIONS = """SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -
@@ -254,7 +292,7 @@ def test_glaive_functions_calls_and_results_become_openai_tools_with_kimi_ids(tm
         },
         {"role": "user", "content": "Thanks!"},
     ]
-    assert stats == Counter(records=1)
+    assert stats == Counter(records=1, system_tool_list_moved_to_tools=1)
     written = build_prompts(src, "glaive", [tmp_path / "0.jsonl.zst"], tmp_path / "stats.json")
     assert (written["with_tools"], written["recorded_tool_calls"], written["multi_turn"]) == (1, 2, 1)
 
@@ -394,3 +432,15 @@ def test_legacy_function_calls_and_orphan_results(tmp_path):
         "content": "25C",
     }
     assert second["messages"] == [{"role": "user", "content": "Hi"}] and stats["cut_tool_result_unmatched"] == 1
+
+
+def test_question_answer_and_alpaca_history_layouts(tmp_path):
+    """glaive-code-assistant's `question`/`answer` (its card: "a QA format"; no verbatim row was found,
+    tests/fixtures/realdata/PROVENANCE.md, so this record is written here) and LLaMA-Factory's alpaca
+    `history` ([query, response] pairs before the instruction)."""
+    qa = {"question": "How do I reverse a list in Python?", "answer": "Use `lst[::-1]`."}
+    history = {"instruction": "And a tuple?", "output": "The same.", "history": [["Reverse a list?", "lst[::-1]"]]}
+    first, second = list(normalize(write_jsonl(tmp_path / "in.jsonl", [qa, history]), "auto", None, Counter()))
+    assert first["messages"] == [{"role": "user", "content": "How do I reverse a list in Python?"}]
+    assert first["source"]["format"] == "query_answer"
+    assert [m["content"] for m in second["messages"]] == ["Reverse a list?", "And a tuple?"]

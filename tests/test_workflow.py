@@ -229,7 +229,11 @@ def test_reruns_schedule_only_what_a_change_invalidated(demo_dir, tmp_path):
 def production_dir(tmp_path_factory):
     work = copy_workflow(tmp_path_factory.mktemp("prod") / "wf")
     (work / "data/raw").mkdir(parents=True)
-    for source in ("glaive-function-calling-v2.json", "magicoder-evol-instruct.jsonl"):
+    for source in (
+        "glaive-function-calling-v2.json",
+        "magicoder-evol-instruct-110k.jsonl",
+        "magicoder-oss-instruct-75k.jsonl",
+    ):
         (work / "data/raw" / source).write_text("")
     return work
 
@@ -254,7 +258,7 @@ def test_production_configs_dry_run_under_profiles(production_dir, profile, conf
     assert out.count("torchrun --standalone --nproc-per-node 8 scripts/hidden_states.py") == 32
     blocks = {b.split(":", 1)[0].strip(): b for b in out.split("\nrule ")[1:]}
     assert re.search(r"\bgpu=8\b", blocks["hidden_states"])
-    if "sglang" in config:  # the config launches the server: one job answers both partitions
+    if "sglang" in config:  # the config launches the server: one job answers every partition
         assert sum(r == "responses_sglang_server" for r, _ in jobs) == 1
         assert sum(r == "responses" for r, _ in jobs) == 0
         responses = blocks["responses_sglang_server"]
@@ -288,11 +292,18 @@ def test_results_on_s3_through_the_storage_plugin_dry_run(production_dir):
         "-n -p --profile profiles/slurm --configfile config/kimi-k2.5-openrouter.yaml "
         f"--default-storage-provider s3 --default-storage-prefix {prefix}"
     )
-    raw = ["kimi-run/data/raw/glaive-function-calling-v2.json", "kimi-run/data/raw/magicoder-evol-instruct.jsonl"]
+    raw = [
+        f"kimi-run/data/raw/{name}"
+        for name in (
+            "glaive-function-calling-v2.json",
+            "magicoder-evol-instruct-110k.jsonl",
+            "magicoder-oss-instruct-75k.jsonl",
+        )
+    ]
     proc = run([sys.executable, "-c", S3_DRIVER, args, *raw], production_dir, env=env)
     out = proc.stdout
     jobs = scheduled(out)
-    assert sum(r == "hidden_states" for r, _ in jobs) == 32 and sum(r.startswith("prompts_") for r, _ in jobs) == 2
+    assert sum(r == "hidden_states" for r, _ in jobs) == 32 and sum(r.startswith("prompts_") for r, _ in jobs) == 3
     # Inputs come from the bucket, outputs go to it; jobs read and write a local staging copy.
     assert f"input: {prefix}/data/raw/glaive-function-calling-v2.json (retrieve from storage)" in out
     for output in ("prompts/00000.jsonl.zst", "responses/00000.jsonl.zst", "tokens/00000.jsonl.zst", "hidden/00000"):
@@ -306,7 +317,11 @@ def test_switching_configs_reruns_what_combines_partitions_and_refuses_missing_s
     """After the demo: another config, a dropped partition, a source path with a typo."""
     assert "Nothing to be done" in snakemake(["-n", "--profile", "local"], demo_dir).stdout
     (demo_dir / "data/raw").mkdir(parents=True, exist_ok=True)
-    for source in ("glaive-function-calling-v2.json", "magicoder-evol-instruct.jsonl"):
+    for source in (
+        "glaive-function-calling-v2.json",
+        "magicoder-evol-instruct-110k.jsonl",
+        "magicoder-oss-instruct-75k.jsonl",
+    ):
         (demo_dir / "data/raw" / source).touch()
     out = snakemake(["-n", "-p", "--profile", "gpu", "--configfile", "config/kimi-k2.5-sglang.yaml"], demo_dir).stdout
     rules = [rule for rule, _ in scheduled(out)]
@@ -505,3 +520,27 @@ def test_status_tells_complete_stale_running_and_failed(demo_dir, tmp_path):
     snakemake(["--profile", "profiles/local", "--configfile", "changed.yaml"], work, check=False)
     failed = status(work, "--configfile", "changed.yaml")["demo_alpaca"]
     assert failed["state"] == "failed" and "results/demo_alpaca/hidden/00000" in failed["detail"]
+
+
+def test_shared_prompts_drop_makes_later_partitions_read_the_earlier_ones_prompts(tmp_path):
+    """`keep` (the default) leaves the prompts rules independent, with the command a config written before
+    the option gets; `drop` gives a partition the prompt shards of those before it in name order."""
+    work = copy_workflow(tmp_path / "wf")
+    target = ["-n", "-p", "--profile", "profiles/local", "results/demo_sharegpt/prompts/stats.json"]
+    keep = snakemake(target, work).stdout
+    assert sorted(r for r, _ in scheduled(keep)) == ["prompts_demo_sharegpt"]
+    assert (
+        "python scripts/prompts.py --source resources/demo/data/sharegpt.jsonl --out "
+        "results/demo_sharegpt/prompts/00000.jsonl.zst results/demo_sharegpt/prompts/00001.jsonl.zst --stats"
+    ) in keep
+    config = yaml.safe_load((work / "config.yaml").read_text())
+    config["prompts"] = {"shared_across_partitions": "drop"}
+    (work / "drop.yaml").write_text(yaml.safe_dump(config))
+    drop = snakemake([*target, "--configfile", "drop.yaml"], work).stdout
+    assert sorted(r for r, _ in scheduled(drop)) == [
+        "prompts_demo_alpaca",
+        "prompts_demo_openai",
+        "prompts_demo_sharegpt",
+    ]
+    earlier = "results/demo_alpaca/prompts/00000.jsonl.zst results/demo_openai/prompts/00000.jsonl.zst"
+    assert f"--earlier {earlier} results/demo_openai/prompts/00001.jsonl.zst --out" in drop

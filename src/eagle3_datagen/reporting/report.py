@@ -6,7 +6,7 @@ import html
 from collections import Counter
 from pathlib import Path
 
-from eagle3_datagen.formats.files import read_json, write_json
+from eagle3_datagen.formats.files import iter_jsonl, read_json, write_json
 from eagle3_datagen.formats.hidden_codec import Codec
 from eagle3_datagen.formats.histograms import merge
 from eagle3_datagen.reporting import plots as report_plots
@@ -139,9 +139,30 @@ def _flat(prefix: str, value) -> list[tuple[str, str]]:
     return [(prefix, str(value))]
 
 
-def summary_html(summaries: list[dict]) -> str:
+def shared_prompts(shard_paths: list[str], shard_counts: list) -> dict:
+    """Prompts (same content id) that partitions share: per partition, how many of its prompts are
+    also in another one, and per pair of partitions how many they have in common.
+
+    `shard_counts` ([[partition, shards], ...]) says which of `shard_paths`, in order, are whose.
+    """
+    if sum(count for _, count in shard_counts) != len(shard_paths):
+        raise ValueError(f"{len(shard_paths)} prompt shards, but the shard counts {shard_counts} add up otherwise")
+    ids, at = {}, 0
+    for name, count in shard_counts:
+        ids[name] = {p["id"] for path in shard_paths[at : at + count] for _, p in iter_jsonl(path)}
+        at += count
+    names = sorted(ids)
+    return {
+        "per_partition": {a: len(ids[a] & set().union(*(ids[b] for b in names if b != a))) for a in names},
+        "pairs": {f"{a} & {b}": len(ids[a] & ids[b]) for i, a in enumerate(names) for b in names[i + 1 :]},
+    }
+
+
+def summary_html(summaries: list[dict], shared: dict | None = None) -> str:
     """One self-contained page: the numbers as a table, the distributions as matplotlib images."""
-    keys = [k for k, _ in _flat("", {k: v for k, v in summaries[0].items() if k != "partition"})]
+    # Every key any partition has (a reason counted in one partition only is a row too), in first-seen order.
+    flat = [k for s in summaries for k, _ in _flat("", {k: v for k, v in s.items() if k != "partition"})]
+    keys = list(dict.fromkeys(flat))
     # Distributions are plotted; special tokens and audit examples stay in the partition JSON.
     plotted = ("responses.lengths", "tokens.lengths", "probe.by_position")
     untabled = (*plotted, "tokens.special_tokens", "tokens.audit.examples")
@@ -156,9 +177,23 @@ def summary_html(summaries: list[dict]) -> str:
     return (
         "<html><head><meta charset='utf-8'><title>eagle3-datagen summary</title></head><body>"
         "<h1>eagle3-datagen: per-partition summary</h1>"
-        f"{figures}{probe_section(summaries)}"
+        f"{figures}{probe_section(summaries)}{shared_section(shared)}"
         f"<h2>All numbers</h2><table border='1' cellpadding='3'><tr><th>metric</th>{head}</tr>{rows}</table>"
         "</body></html>\n"
+    )
+
+
+def shared_section(shared: dict | None) -> str:
+    if not shared or not shared["pairs"]:
+        return ""
+    rows = "".join(f"<tr><td>{html.escape(pair)}</td><td>{n}</td></tr>" for pair, n in shared["pairs"].items())
+    rows += "".join(
+        f"<tr><td>{html.escape(name)}: in another partition</td><td>{n}</td></tr>"
+        for name, n in shared["per_partition"].items()
+    )
+    return (
+        "<h2>Prompts shared between partitions (same content id)</h2>"
+        f"<table border='1' cellpadding='3'><tr><th>partitions</th><th>prompts</th></tr>{rows}</table>"
     )
 
 

@@ -23,12 +23,27 @@ def inference_backend(config: dict, partition: str) -> str:
 
 
 def prompt_settings(config: dict, partition: str) -> dict:
+    """The prompts rule's settings. Keys at their defaults are left out, so that a config written
+    before they existed keeps its params (and its finished prompts are not rescheduled)."""
     part = config["partitions"][partition]
-    return {
+    settings = {
         "format": part["format"],
         "system_prompt": part.get("system_prompt"),
         "max_prompts": part.get("max_prompts"),
     }
+    if part.get("max_bad_record_rate"):
+        settings["max_bad_record_rate"] = part["max_bad_record_rate"]
+    if earlier := earlier_partitions(config, partition):
+        settings["drop_shared_with"] = earlier
+    return settings
+
+
+def earlier_partitions(config: dict, partition: str) -> list[str]:
+    """The partitions whose prompts `partition` leaves out: those before it in name order, when
+    `prompts.shared_across_partitions` is `drop`; none when it is `keep` (the default)."""
+    if (config.get("prompts") or {}).get("shared_across_partitions", "keep") != "drop":
+        return []
+    return [p for p in sorted(config["partitions"]) if p < partition]
 
 
 def model_settings(config: dict) -> dict:

@@ -1,0 +1,34 @@
+"""Smoke test of bench/kimi_plan.py: the plan on the Kimi example configs, with Kimi-K2.5's real
+tokenizer files (through the remote-code tokenizer double, Moonshot's code not being vendored) and the
+real records of each partition's dataset, at one shard per partition."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_kimi_plan_runs_on_the_real_records_of_each_partition():
+    command = [sys.executable, "bench/kimi_plan.py", "--config", "kimi-k2.5-openrouter", "--shards", "1", "--json"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)["kimi-k2.5-openrouter"]
+    rows = {row["partition"]: row for row in plan["partitions"]}
+    # tests/fixtures/realdata: 3 glaive rows, one Magicoder record of each half
+    assert {name: row["prompts"] for name, row in rows.items()} == {
+        "B1_glaive": 3,
+        "B3_magicoder_evol": 1,
+        "B3_magicoder_oss": 1,
+    }
+    # no response observed yet: 8192 max tokens per user turn (the glaive rows have 2 each)
+    assert {name: row["completion_tokens"] for name, row in rows.items()} == {
+        "B1_glaive": 6 * 8192,
+        "B3_magicoder_evol": 8192,
+        "B3_magicoder_oss": 8192,
+    }
+    assert all(row["prompt_tokens"] > 100 for row in rows.values())
+    assert plan["total"]["cost_usd"] > 0
