@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.formats.checksums import file_digest
 from eagle3_datagen.formats.files import write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.export import export
@@ -28,7 +29,7 @@ STORAGE = {
 def shards(request, tmp_path_factory, tiny_model_dir):
     """Two shards of 7 and 5 samples of mixed lengths, stored with each setting."""
     root = tmp_path_factory.mktemp("shards")
-    capture = HFCapture(tiny_model_dir, "auto", "normed", {"dtype": "float32"})
+    capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32"})
     samples = make_samples(12, seed=4)
     dirs = [root / "00000", root / "00001"]
     capture_shard(samples[:7], dirs[0], capture, {**SETTINGS, **request.param, "shard_bytes": 8_000})
@@ -58,17 +59,43 @@ def test_specforge_layout_round_trips(tmp_path, shards):
         assert ids[index] == {"index": index, "id": sample["id"]}
 
 
-def test_speculators_layout_round_trips(tmp_path, shards):
-    export(shards, tmp_path / "sp", "speculators")
+def test_speculators_layout_round_trips(tmp_path, shards, tiny_model_dir):
+    import datasets
+
+    vocab = tmp_path / "vocab"
+    vocab.mkdir()
+    np.save(vocab / "d2t.npy", np.array([3, 3, 5]))
+    np.save(vocab / "t2d.npy", np.isin(np.arange(512), [3, 4, 7]))
+    summary = export(shards, tmp_path / "sp", "speculators", vocab, tiny_model_dir)
+    assert summary["final"] == "raw" and summary["final_norm_applied"] is False
+    rows = datasets.load_from_disk(str(tmp_path / "sp"))  # speculators' ArrowDataset: the same call
+    assert rows.format["type"] == "torch" and len(rows) == 12
     for index, sample in enumerate(stored(shards)):
-        data = load_file(tmp_path / "sp" / f"hs_{index}.safetensors")
+        data = load_file(tmp_path / "sp" / "hidden_states" / f"hs_{index}.safetensors")
         length = len(sample["input_ids"])
         assert data["hidden_states"].shape == (length, 4, 32)  # 3 auxiliary layers, then the final one
         assert torch.equal(data["token_ids"], sample["input_ids"].long())
         assert torch.equal(data["hidden_states"][:, -1], sample["hidden_states"])
         # speculators' auxiliary input: every layer but the last, flattened
         assert torch.equal(data["hidden_states"][:, :-1].flatten(1), sample["aux_hidden_states"])
-        assert torch.equal(data["loss_mask"], sample["loss_mask"].long())
+        assert torch.equal(rows[index]["input_ids"], sample["input_ids"].long())
+        assert torch.equal(rows[index]["loss_mask"], sample["loss_mask"].long())
+        assert int(rows[index]["seq_len"]) == length
+    written = json.loads((tmp_path / "sp" / "export.json").read_text())
+    files = written["files"]
+    assert {"README.md", "ids.jsonl", "d2t.npy", "t2d.npy", "hidden_states/hs_11.safetensors"} <= set(files)
+    assert all(file_digest(tmp_path / "sp" / name) == value for name, value in files.items())
+    command = written["command"]
+    assert f"--data-path {tmp_path / 'sp'}" in command and "--target-layer-ids 2 4 5" in command
+    assert "--draft-vocab-size 3" in command and command in (tmp_path / "sp" / "README.md").read_text()
+
+
+def test_speculators_export_refuses_normed_final(tmp_path, tiny_model_dir):
+    capture = HFCapture(tiny_model_dir, "auto", "normed", {"dtype": "float32"})
+    capture_shard(make_samples(3), tmp_path / "normed", capture, SETTINGS)
+    with pytest.raises(ValueError, match="norm it twice. Capture with hidden_states.final: raw"):
+        export([tmp_path / "normed"], tmp_path / "sp", "speculators")
+    assert not (tmp_path / "sp").exists()
 
 
 def test_vocab_mapping_takes_the_most_trained_tokens():
