@@ -95,6 +95,8 @@ def test_hidden_states_equal_a_direct_transformers_forward(demo_dir):
 
     model = AutoModelForCausalLM.from_pretrained(demo_dir / "results/demo/model").eval()
     checked = 0
+    last_layer = {}
+    model.model.layers[-1].register_forward_hook(lambda _m, _a, out: last_layer.update(out=out))
     for partition in PARTITIONS:
         shard = HiddenShard(demo_dir / f"results/{partition}/hidden/00000")
         tokens = {t["id"]: t for t in read_jsonl(demo_dir / f"results/{partition}/tokens/00000.jsonl.zst")}
@@ -102,11 +104,8 @@ def test_hidden_states_equal_a_direct_transformers_forward(demo_dir):
             ids = tokens[stored["id"]]["input_ids"]
             assert stored["input_ids"].tolist() == ids
             assert stored["loss_mask"].tolist() == tokens[stored["id"]]["loss_mask"]
-            last_layer = {}
-            hook = model.model.layers[-1].register_forward_hook(lambda _m, _a, out: last_layer.update(out=out))
             with torch.no_grad():
                 out = model(torch.tensor([ids]), output_hidden_states=True)
-            hook.remove()
             layer_n = last_layer["out"][0] if isinstance(last_layer["out"], tuple) else last_layer["out"]
             final = layer_n[0]  # layer N's output, before the final norm (`final: raw`)
             aux = torch.cat([out.hidden_states[i][0] for i in (2, 4, 5)], dim=-1)
