@@ -207,3 +207,17 @@ def test_flipped_bytes_in_a_part_stop_every_reader(tmp_path, tiny_model_dir, raw
         with pytest.raises(ChecksumError, match=refused):
             export([shard_dir], tmp_path / fmt, fmt)
         assert not (tmp_path / fmt).exists()
+
+
+def test_config_validation_refuses_what_no_reader_takes(tmp_path):
+    from eagle3_datagen.workflow.settings import storage_problems
+
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    assert storage_problems(config) == []
+    normed = {**config, "hidden_states": {**config["hidden_states"], "final": "normed"}}
+    normed["export"] = {"formats": ["specforge", "speculators"]}
+    assert ["Set hidden_states.final: raw" in p for p in storage_problems(normed)] == [True]
+    assert storage_problems({**normed, "export": {"formats": ["specforge"]}}) == []
+    block = {**config, "hidden_states": {**config["hidden_states"], "dtype": "float8_e4m3", "scales": "block"}}
+    block["hidden_states"]["scale_block"] = 48  # the demo's hidden size is 64
+    assert ["does not divide the model's hidden size 64" in p for p in storage_problems(block)] == [True]
