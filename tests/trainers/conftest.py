@@ -13,7 +13,7 @@ from eagle3_datagen.stages.export import export
 from eagle3_datagen.stages.hidden import capture_shard
 from eagle3_datagen.stages.vocab import vocab_mapping
 
-from ..conftest import tiny_qwen3
+from ..conftest import REPO, tiny_qwen3
 
 DRAFT_VOCAB = 256
 
@@ -41,10 +41,28 @@ def greedy_samples(model, count: int, seed: int) -> list[dict]:
     return samples
 
 
-@pytest.fixture(scope="session")
-def verifier_dir(tmp_path_factory) -> Path:
-    torch.manual_seed(0)
+def tiny_kimi_dir(path: Path) -> Path:
+    """A random tiny Kimi-K2.5-architecture verifier (DeepSeek-V3: MLA, MoE; Kimi's real tokenizer and
+    163,840-token vocabulary), sized as config/tiny-kimi.yaml's demo."""
+    import yaml
+
+    from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
+    from eagle3_datagen.targets.tiny_kimi import tiny_kimi_config, tiny_kimi_model, write_kimi_model_dir
+
+    settings = yaml.safe_load((REPO / "config/tiny-kimi.yaml").read_text())["demo"]
+    tokenizer_dir = REPO / settings["tokenizer"]
+    config = tiny_kimi_config(settings, fast_tokenizer_from_tiktoken(tokenizer_dir))
+    write_kimi_model_dir(path, tiny_kimi_model(config, seed=0).eval(), config, tokenizer_dir, {})
+    return path
+
+
+@pytest.fixture(scope="session", params=["qwen3", "tiny-kimi"])
+def verifier_dir(request, tmp_path_factory) -> Path:
+    """The demo's architecture (a random tiny Qwen3) and the tiny Kimi's."""
     path = tmp_path_factory.mktemp("verifier") / "model"
+    if request.param == "tiny-kimi":
+        return tiny_kimi_dir(path)
+    torch.manual_seed(0)
     model = tiny_qwen3(512).eval()
     model.generation_config.pad_token_id = 0
     model.save_pretrained(path)
@@ -59,16 +77,18 @@ def captured(tmp_path_factory, verifier_dir) -> dict:
 
     root = tmp_path_factory.mktemp("captured")
     model = AutoModelForCausalLM.from_pretrained(verifier_dir).eval()
+    model.generation_config.pad_token_id = model.config.pad_token_id or 0
     samples = greedy_samples(model, 24, seed=1)
     capture = HFCapture(verifier_dir, "auto", "raw", {"dtype": "float32"})
     settings = {"dtype": "bfloat16", "shard_bytes": 1 << 20, "max_batch_tokens": 256}
     shards = [root / "hidden" / "00000", root / "hidden" / "00001"]
     capture_shard(samples[:14], shards[0], capture, {**settings, "shard_bytes": 16_000})
     capture_shard(samples[14:], shards[1], capture, settings)
-    counts = np.zeros(512, dtype=np.int64)
+    vocab_size = model.config.vocab_size
+    counts = np.zeros(vocab_size, dtype=np.int64)
     for s in samples:
         ids = np.asarray(s["input_ids"])
-        counts += np.bincount(ids[np.asarray(s["loss_mask"], dtype=bool)], minlength=512)
+        counts += np.bincount(ids[np.asarray(s["loss_mask"], dtype=bool)], minlength=vocab_size)
     d2t, t2d = vocab_mapping(counts, DRAFT_VOCAB)
     vocab = root / "vocab"
     vocab.mkdir()

@@ -80,7 +80,7 @@ def test_its_teacher_agrees_with_the_stored_next_token(captured, verifier_dir, t
     draft, d2t = dry_run_draft(captured["export"], verifier_dir, tmp_path / "draft", captured["vocab"])
     head = LMHead(verifier_dir)
     in_draft = torch.from_numpy(np.load(captured["vocab"] / "t2d.npy"))
-    compared = agreed = 0
+    compared = agreed = trained = 0
     for sample in stored(captured["shards"]):
         ids, mask = sample["input_ids"].long(), sample["loss_mask"].bool()
         state, target = sample["hidden_states"][:-1], ids[1:]
@@ -90,13 +90,14 @@ def test_its_teacher_agrees_with_the_stored_next_token(captured, verifier_dir, t
         teacher = teacher + d2t[teacher]  # draft ids -> target ids
         where = mask[1:] & (log_probs.argmax(-1) == target) & in_draft[target]
         compared += int(where.sum())
+        trained += int((mask[1:] & in_draft[target]).sum())
         agreed += int((teacher[where] == target[where]).sum())
         # Where they differ, the two tokens are a near tie for our head too (speculators loads the
         # verifier's head for the draft in its own precision).
         differ = where & (teacher != target)
         gap = log_probs[differ, target[differ]] - log_probs[differ, teacher[differ]]
         assert (gap < 0.05).all(), gap
-    assert compared > 0.9 * sum(int(s["loss_mask"][1:].sum()) for s in stored(captured["shards"]))
+    assert compared > 0.9 * trained  # greedy data: our head reproduces (nearly) every trained token
     assert agreed >= 0.99 * compared
 
 
