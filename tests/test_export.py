@@ -156,13 +156,18 @@ def raw_capture(tiny_model_dir):
     return HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32"})
 
 
+@pytest.fixture(scope="module")
+def head(tiny_model_dir):
+    return LMHead(tiny_model_dir)
+
+
 @pytest.mark.parametrize("storage", MATRIX.values(), ids=MATRIX.keys())
-def test_every_storage_setting_reads_back_through_every_reader(tmp_path, tiny_model_dir, raw_capture, storage):
-    samples = make_samples(6, seed=2)
+def test_every_storage_setting_reads_back_through_every_reader(tmp_path, head, raw_capture, storage):
+    samples = make_samples(5, seed=2)
     shard_dir = tmp_path / "00000"
     index = capture_shard(samples, shard_dir, raw_capture, {**SETTINGS, **storage, "shard_bytes": 8_000})
     assert len(index["parts"]) > 1 and all(len(p["xxh3_64"]) == 16 for p in index["parts"])
-    result = probe_shard(shard_dir, LMHead(tiny_model_dir), ProbeSettings())
+    result = probe_shard(shard_dir, head, ProbeSettings())
     masked = sum(sum(s["loss_mask"][1:]) for s in samples)  # every loss-masked token after row 0
     assert result["positions_probed"] == result["positions_total"] == masked
     assert (result["storage_cost"] is None) == (storage["dtype"] in ("bfloat16", "float16", "float32"))
@@ -191,7 +196,7 @@ def _flip_bytes(part: Path, count: int = 64) -> None:
 
 
 @pytest.mark.parametrize("storage", [{"dtype": "bfloat16"}, {"dtype": "bfloat16", "compress": "zstd_planes"}])
-def test_flipped_bytes_in_a_part_stop_every_reader(tmp_path, tiny_model_dir, raw_capture, storage):
+def test_flipped_bytes_in_a_part_stop_every_reader(tmp_path, head, raw_capture, storage):
     shard_dir = tmp_path / "00000"
     index = capture_shard(
         make_samples(6, seed=3), shard_dir, raw_capture, {**SETTINGS, **storage, "shard_bytes": 8_000}
@@ -202,7 +207,7 @@ def test_flipped_bytes_in_a_part_stop_every_reader(tmp_path, tiny_model_dir, raw
     with pytest.raises(ChecksumError, match=refused):
         list(HiddenShard(shard_dir))
     with pytest.raises(ChecksumError, match=refused):
-        probe_shard(shard_dir, LMHead(tiny_model_dir), ProbeSettings())
+        probe_shard(shard_dir, head, ProbeSettings())
     for fmt in FORMATS:
         with pytest.raises(ChecksumError, match=refused):
             export([shard_dir], tmp_path / fmt, fmt)
