@@ -212,13 +212,13 @@ def run_hidden(
         capture = load_sglang_capture(
             model_path,
             settings["aux_layers"],
-            settings["final"],
+            settings.get("final", "raw"),
             settings.get("sglang", {}),
             trust_remote_code,
             settings["max_batch_tokens"],
         )
     else:
         capture = HFCapture(
-            model_path, settings["aux_layers"], settings["final"], settings.get("hf", {}), trust_remote_code
+            model_path, settings["aux_layers"], settings.get("final", "raw"), settings.get("hf", {}), trust_remote_code
         )
     return capture_shard(read_jsonl(tokens_path), out_dir, capture, settings)
