@@ -6,7 +6,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Cache compiled bytecode: every job imports torch and transformers afresh.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install sglang-env slurm-packages check-envs demo tiny-kimi test test-fast lint clean
+.PHONY: install sglang-env speculators-env slurm-packages check-envs demo tiny-kimi test test-fast lint clean
 
 install: $(VENV)/.installed
 
@@ -26,6 +26,17 @@ $(SGLANG_VENV)/.installed: envs/sglang-cpu.txt pyproject.toml | install
 	$(VENV)/bin/uv pip install --quiet --python $(SGLANG_VENV)/bin/python --no-deps $(FIND_LINKS) -r envs/sglang-cpu.txt
 	$(VENV)/bin/uv pip install --quiet --python $(SGLANG_VENV)/bin/python --no-deps -e .
 	$(SGLANG_VENV)/bin/python -c "import torch, sys; sys.exit(torch.version.cuda and f'{torch.__version__}: a CUDA torch')"
+	touch $@
+
+# vLLM speculators 0.9.0 on the CPU, for the tests in tests/trainers (its own venv: it pins transformers<=5.19.0).
+SPECULATORS_VENV ?= .venv-speculators
+speculators-env: $(SPECULATORS_VENV)/.installed
+
+$(SPECULATORS_VENV)/.installed: envs/speculators-cpu.txt pyproject.toml | install
+	python3 -m venv $(SPECULATORS_VENV)
+	$(VENV)/bin/uv pip install --quiet --python $(SPECULATORS_VENV)/bin/python --no-deps $(FIND_LINKS) -r envs/speculators-cpu.txt
+	$(VENV)/bin/uv pip install --quiet --python $(SPECULATORS_VENV)/bin/python --no-deps -e .
+	$(SPECULATORS_VENV)/bin/python -c "import torch, sys; sys.exit(torch.version.cuda and f'{torch.__version__}: a CUDA torch')"
 	touch $@
 
 # envs/sglang.yaml's pip pins resolve together (package metadata only: nothing is installed).

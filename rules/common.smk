@@ -18,6 +18,12 @@ if workflow.storage_settings.default_storage_provider is None:
         raise WorkflowError("\n".join(MISSING_SOURCES))
 
 
+# Storage and export settings that no reader could take are refused before any job.
+STORAGE_PROBLEMS = wf.storage_problems(config)
+if STORAGE_PROBLEMS:
+    raise WorkflowError("\n".join(STORAGE_PROBLEMS))
+
+
 wildcard_constraints:
     partition="|".join(PARTITIONS) if PARTITIONS else "NO_PARTITION",
     shard=r"\d{5}",

@@ -1,6 +1,7 @@
 rule export:
     input:
         hidden=get_partition_hidden_shards,
+        vocab=["results/vocab"] if "vocab_mapping" in config else [],
     output:
         directory("results/{partition}/export/{format}"),
     log:
@@ -9,6 +10,9 @@ rule export:
         format="specforge|speculators",
     conda:
         "../envs/cpu.yaml"
+    params:
+        vocab=lambda wildcards, input: f"--vocab {input.vocab}" if input.vocab else "",
+        model=config["model"]["path"],
     shell:
         "python scripts/export.py --format {wildcards.format} --hidden {input.hidden} "
-        "--out {output} > {log} 2>&1"
+        "--out {output} {params.vocab} --model {params.model:q} > {log} 2>&1"

@@ -1,19 +1,26 @@
 """Exporters and the vocabulary mapping, read back as SpecForge and vLLM speculators read them."""
 
 import json
+import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.formats.checksums import ChecksumError, file_digest
 from eagle3_datagen.formats.files import write_jsonl_zst
+from eagle3_datagen.formats.hidden_codec import COMPRESS, FP8_DTYPES, GRANULARITIES, frame_header_json
 from eagle3_datagen.formats.hidden_shard import HiddenShard
-from eagle3_datagen.stages.export import export
+from eagle3_datagen.stages.export import FORMATS, export
 from eagle3_datagen.stages.hidden import capture_shard
+from eagle3_datagen.stages.probe import LMHead, ProbeSettings, probe_shard
 from eagle3_datagen.stages.vocab import loss_token_counts, run_vocab, vocab_mapping
 
+from .conftest import REPO
 from .test_hidden import SETTINGS, make_samples
 
 STORAGE = {
@@ -28,7 +35,7 @@ STORAGE = {
 def shards(request, tmp_path_factory, tiny_model_dir):
     """Two shards of 7 and 5 samples of mixed lengths, stored with each setting."""
     root = tmp_path_factory.mktemp("shards")
-    capture = HFCapture(tiny_model_dir, "auto", "normed", {"dtype": "float32"})
+    capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32"})
     samples = make_samples(12, seed=4)
     dirs = [root / "00000", root / "00001"]
     capture_shard(samples[:7], dirs[0], capture, {**SETTINGS, **request.param, "shard_bytes": 8_000})
@@ -58,17 +65,43 @@ def test_specforge_layout_round_trips(tmp_path, shards):
         assert ids[index] == {"index": index, "id": sample["id"]}
 
 
-def test_speculators_layout_round_trips(tmp_path, shards):
-    export(shards, tmp_path / "sp", "speculators")
+def test_speculators_layout_round_trips(tmp_path, shards, tiny_model_dir):
+    import datasets
+
+    vocab = tmp_path / "vocab"
+    vocab.mkdir()
+    np.save(vocab / "d2t.npy", np.array([3, 3, 5]))
+    np.save(vocab / "t2d.npy", np.isin(np.arange(512), [3, 4, 7]))
+    summary = export(shards, tmp_path / "sp", "speculators", vocab, tiny_model_dir)
+    assert summary["final"] == "raw" and summary["final_norm_applied"] is False
+    rows = datasets.load_from_disk(str(tmp_path / "sp"))  # speculators' ArrowDataset: the same call
+    assert rows.format["type"] == "torch" and len(rows) == 12
     for index, sample in enumerate(stored(shards)):
-        data = load_file(tmp_path / "sp" / f"hs_{index}.safetensors")
+        data = load_file(tmp_path / "sp" / "hidden_states" / f"hs_{index}.safetensors")
         length = len(sample["input_ids"])
         assert data["hidden_states"].shape == (length, 4, 32)  # 3 auxiliary layers, then the final one
         assert torch.equal(data["token_ids"], sample["input_ids"].long())
         assert torch.equal(data["hidden_states"][:, -1], sample["hidden_states"])
         # speculators' auxiliary input: every layer but the last, flattened
         assert torch.equal(data["hidden_states"][:, :-1].flatten(1), sample["aux_hidden_states"])
-        assert torch.equal(data["loss_mask"], sample["loss_mask"].long())
+        assert torch.equal(rows[index]["input_ids"], sample["input_ids"].long())
+        assert torch.equal(rows[index]["loss_mask"], sample["loss_mask"].long())
+        assert int(rows[index]["seq_len"]) == length
+    written = json.loads((tmp_path / "sp" / "export.json").read_text())
+    files = written["files"]
+    assert {"README.md", "ids.jsonl", "d2t.npy", "t2d.npy", "hidden_states/hs_11.safetensors"} <= set(files)
+    assert all(file_digest(tmp_path / "sp" / name) == value for name, value in files.items())
+    command = written["command"]
+    assert f"--data-path {tmp_path / 'sp'}" in command and "--target-layer-ids 2 4 5" in command
+    assert "--draft-vocab-size 3" in command and command in (tmp_path / "sp" / "README.md").read_text()
+
+
+def test_speculators_export_refuses_normed_final(tmp_path, tiny_model_dir):
+    capture = HFCapture(tiny_model_dir, "auto", "normed", {"dtype": "float32"})
+    capture_shard(make_samples(3), tmp_path / "normed", capture, SETTINGS)
+    with pytest.raises(ValueError, match="norm it twice. Capture with hidden_states.final: raw"):
+        export([tmp_path / "normed"], tmp_path / "sp", "speculators")
+    assert not (tmp_path / "sp").exists()
 
 
 def test_vocab_mapping_takes_the_most_trained_tokens():
@@ -95,3 +128,101 @@ def test_token_counts_only_count_loss_masked_tokens(tmp_path, tiny_model_dir):
     summary = run_vocab([str(path)], tiny_model_dir, 1, tmp_path / "vocab")
     assert summary["coverage"] == 0.75 and summary["target_vocab_size"] == 512
     assert np.load(tmp_path / "vocab" / "d2t.npy").tolist() == [9]
+
+
+PLAIN = {f"{d}-{c}": {"dtype": d, "compress": c} for d in ("bfloat16", "float16", "float32") for c in COMPRESS}
+FP8 = {
+    f"{d}-{g}-{c}": {"dtype": d, "scales": g, "scale_block": 16, "compress": c}
+    for d in FP8_DTYPES
+    for g in GRANULARITIES
+    for c in COMPRESS
+}
+MATRIX = {**PLAIN, **FP8}
+
+
+def test_the_matrix_is_every_setting_the_schema_accepts():
+    schema = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())
+    hidden = schema["properties"]["hidden_states"]["properties"]
+    plain = [d for d in hidden["dtype"]["enum"] if not d.startswith("float8")]
+    fp8 = [d for d in hidden["dtype"]["enum"] if d.startswith("float8")]
+    expected = len(plain) * len(hidden["compress"]["enum"]) + len(fp8) * len(hidden["scales"]["enum"]) * len(
+        hidden["compress"]["enum"]
+    )
+    assert len(MATRIX) == expected == 27
+
+
+@pytest.fixture(scope="module")
+def raw_capture(tiny_model_dir):
+    return HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32"})
+
+
+@pytest.fixture(scope="module")
+def head(tiny_model_dir):
+    return LMHead(tiny_model_dir)
+
+
+@pytest.mark.parametrize("storage", MATRIX.values(), ids=MATRIX.keys())
+def test_every_storage_setting_reads_back_through_every_reader(tmp_path, head, raw_capture, storage):
+    samples = make_samples(5, seed=2)
+    shard_dir = tmp_path / "00000"
+    index = capture_shard(samples, shard_dir, raw_capture, {**SETTINGS, **storage, "shard_bytes": 8_000})
+    assert len(index["parts"]) > 1 and all(len(p["xxh3_64"]) == 16 for p in index["parts"])
+    result = probe_shard(shard_dir, head, ProbeSettings())
+    masked = sum(sum(s["loss_mask"][1:]) for s in samples)  # every loss-masked token after row 0
+    assert result["positions_probed"] == result["positions_total"] == masked
+    assert (result["storage_cost"] is None) == (storage["dtype"] in ("bfloat16", "float16", "float32"))
+    read = list(HiddenShard(shard_dir))
+    assert [s["input_ids"].tolist() for s in read] == [s["input_ids"] for s in samples]
+    export([shard_dir], tmp_path / "sf", "specforge")
+    export([shard_dir], tmp_path / "sp", "speculators")
+    for number, sample in enumerate(read):
+        sf = torch.load(tmp_path / "sf" / "rows_0-1000" / f"data_{number}.ckpt", weights_only=True)
+        sp = load_file(tmp_path / "sp" / "hidden_states" / f"hs_{number}.safetensors")
+        assert torch.equal(sf["aux_hidden_state"][0], sample["aux_hidden_states"])
+        assert torch.equal(sp["hidden_states"][:, :-1].flatten(1), sample["aux_hidden_states"])
+        assert torch.equal(sp["hidden_states"][:, -1], sample["hidden_states"])
+
+
+def _flip_bytes(part: Path, count: int = 64) -> None:
+    """Invert `count` bytes inside the auxiliary layers' data (plain part), or mid-file (compressed)."""
+    data = bytearray(part.read_bytes())
+    if part.suffix == ".zst":
+        start = len(data) // 2
+    else:
+        header = frame_header_json(part)
+        start = 8 + struct.unpack("<Q", data[:8])[0] + header["aux_hidden_states"]["data_offsets"][0] + 256
+    data[start : start + count] = bytes(b ^ 0xFF for b in data[start : start + count])
+    part.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("storage", [{"dtype": "bfloat16"}, {"dtype": "bfloat16", "compress": "zstd_planes"}])
+def test_flipped_bytes_in_a_part_stop_every_reader(tmp_path, head, raw_capture, storage):
+    shard_dir = tmp_path / "00000"
+    index = capture_shard(
+        make_samples(6, seed=3), shard_dir, raw_capture, {**SETTINGS, **storage, "shard_bytes": 8_000}
+    )
+    part = shard_dir / index["parts"][1]["file"]
+    _flip_bytes(part)
+    refused = rf"{part}: xxh3_64 checksum \w+ does not match .*recapture that shard: `snakemake --forcerun {shard_dir}`"
+    with pytest.raises(ChecksumError, match=refused):
+        list(HiddenShard(shard_dir))
+    with pytest.raises(ChecksumError, match=refused):
+        probe_shard(shard_dir, head, ProbeSettings())
+    for fmt in FORMATS:
+        with pytest.raises(ChecksumError, match=refused):
+            export([shard_dir], tmp_path / fmt, fmt)
+        assert not (tmp_path / fmt).exists()
+
+
+def test_config_validation_refuses_what_no_reader_takes(tmp_path):
+    from eagle3_datagen.workflow.settings import storage_problems
+
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    assert storage_problems(config) == []
+    normed = {**config, "hidden_states": {**config["hidden_states"], "final": "normed"}}
+    normed["export"] = {"formats": ["specforge", "speculators"]}
+    assert ["Set hidden_states.final: raw" in p for p in storage_problems(normed)] == [True]
+    assert storage_problems({**normed, "export": {"formats": ["specforge"]}}) == []
+    block = {**config, "hidden_states": {**config["hidden_states"], "dtype": "float8_e4m3", "scales": "block"}}
+    block["hidden_states"]["scale_block"] = 48  # the demo's hidden size is 64
+    assert ["does not divide the model's hidden size 64" in p for p in storage_problems(block)] == [True]

@@ -153,6 +153,35 @@ def test_resume_keeps_complete_parts_byte_identical(tmp_path, capture, monkeypat
     assert json.loads((tmp_path / "out" / "index.json").read_text())["samples"] == 20
 
 
+def test_resume_recomputes_a_part_damaged_while_no_job_ran(tmp_path, capture, monkeypatch):
+    samples = make_samples(12, seed=5)
+    settings = {**SETTINGS, "shard_bytes": 20_000}
+    reference = capture_shard(samples, tmp_path / "ref", capture, settings)
+    real_write = hidden.write_part
+    calls = {"n": 0}
+
+    def dies_on_second_part(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("killed")
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(hidden, "write_part", dies_on_second_part)
+    with pytest.raises(KeyboardInterrupt):
+        capture_shard(samples, tmp_path / "out", capture, settings)
+    first = tmp_path / ".out.partial" / reference["parts"][0]["file"]
+    data = bytearray(first.read_bytes())
+    data[-100] ^= 0xFF  # one bit pattern flipped in the last layer's rows, header intact
+    first.write_bytes(bytes(data))
+    monkeypatch.setattr(hidden, "write_part", real_write)
+    resumed = capture_shard(samples, tmp_path / "out", capture, settings)
+    assert resumed["parts"] == reference["parts"]  # the damaged part recomputed, checksums as written
+    assert (tmp_path / "out" / first.name).read_bytes() == (tmp_path / "ref" / first.name).read_bytes()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        [p["file"] for p in reference["parts"]] + ["index.json"]
+    )  # no checksum files left beside the parts
+
+
 def test_part_layout_matches_the_contract(tmp_path, capture):
     samples = make_samples(4)
     index = capture_shard(samples, tmp_path / "s", capture, {**SETTINGS, "dtype": "bfloat16"})

@@ -72,7 +72,7 @@ def test_demo_outputs_match_the_contract(demo_dir):
             assert [f.name for f in sorted(shard_dir.glob("part-*.safetensors"))] == [p["file"] for p in index["parts"]]
             assert HiddenShard(shard_dir).ids == [t["id"] for t in tokens]
             assert index["tokens"] == sum(len(t["input_ids"]) for t in tokens)
-            assert index["aux_layers"] == [2, 4, 5] and index["final"] == "normed" and index["dtype"] == "bfloat16"
+            assert index["aux_layers"] == [2, 4, 5] and index["final"] == "raw" and index["dtype"] == "bfloat16"
         assert len(prompt_ids) == len(set(prompt_ids)) == stats["prompts"]
         summary = json.loads((demo_dir / f"results/report/{partition}.json").read_text())
         assert summary["prompts"]["prompts"] == stats["prompts"]
@@ -95,6 +95,8 @@ def test_hidden_states_equal_a_direct_transformers_forward(demo_dir):
 
     model = AutoModelForCausalLM.from_pretrained(demo_dir / "results/demo/model").eval()
     checked = 0
+    last_layer = {}
+    model.model.layers[-1].register_forward_hook(lambda _m, _a, out: last_layer.update(out=out))
     for partition in PARTITIONS:
         shard = HiddenShard(demo_dir / f"results/{partition}/hidden/00000")
         tokens = {t["id"]: t for t in read_jsonl(demo_dir / f"results/{partition}/tokens/00000.jsonl.zst")}
@@ -104,7 +106,8 @@ def test_hidden_states_equal_a_direct_transformers_forward(demo_dir):
             assert stored["loss_mask"].tolist() == tokens[stored["id"]]["loss_mask"]
             with torch.no_grad():
                 out = model(torch.tensor([ids]), output_hidden_states=True)
-                final = model.model(torch.tensor([ids])).last_hidden_state[0]
+            layer_n = last_layer["out"][0] if isinstance(last_layer["out"], tuple) else last_layer["out"]
+            final = layer_n[0]  # layer N's output, before the final norm (`final: raw`)
             aux = torch.cat([out.hidden_states[i][0] for i in (2, 4, 5)], dim=-1)
             # bf16 storage: 8 bits of mantissa
             torch.testing.assert_close(stored["aux_hidden_states"].float(), aux, atol=2e-2, rtol=1e-2)

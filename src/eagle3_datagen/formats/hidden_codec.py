@@ -9,6 +9,7 @@
   (each multi-byte state tensor stored as its byte planes, then zstd): the high byte of a bf16
   value (sign, exponent, one mantissa bit) is predictable and compresses well, the low byte is
   nearly random; kept apart, zstd models each on its own. Decoding restores identical bits.
+  fp8 values are single bytes, so for fp8 `zstd_planes` stores the same bytes as `zstd`.
 - Lossy dtypes keep a bf16 reference of a few rows of each part (`reference_positions` per
   shard, rows whose next token is loss-masked), so the probe can measure on the same positions
   what the storage costs the draft model's inputs.
@@ -31,6 +32,7 @@ from safetensors import safe_open
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_bytes
 
+from eagle3_datagen.formats.checksums import digest
 from eagle3_datagen.formats.files import atomic_path
 
 PLAIN_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -141,11 +143,12 @@ class Codec:
             return data, len(data)
         return zstandard.ZstdCompressor(level=self.level).compress(data), len(data)
 
-    def write_part(self, path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> int:
+    def write_part(self, path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[int, str]:
+        """Write a part; returns its size before compression and the checksum of the bytes written."""
         data, raw_size = self.part_bytes(tensors, metadata)
         with atomic_path(path) as tmp:
             tmp.write_bytes(data)
-        return raw_size
+        return raw_size, digest(data)
 
     def part_name(self, number: int) -> str:
         return f"part-{number:05d}.safetensors" + (".zst" if self.compressed else "")
@@ -154,17 +157,14 @@ class Codec:
 
     @contextlib.contextmanager
     def open_part(self, path: Path) -> Iterator[PartReader]:
-        """A part's rows, decoded: memory-mapped slices when plain, decompressed whole when not."""
-        if self.compressed:
-            yield self.load_part(path)
-        else:
-            with safe_open(str(path), "pt") as f:
-                yield PartReader(self, f)
+        """A plain part's rows as memory-mapped slices."""
+        with safe_open(str(path), "pt") as f:
+            yield PartReader(self, f)
 
-    def load_part(self, path: Path) -> PartReader:
-        """A compressed part, decompressed whole (byte planes joined back)."""
-        tensors = safetensors_load(zstandard.ZstdDecompressor().decompress(path.read_bytes()))
-        if self.compress == "zstd_planes":
+    def decode_part(self, data: bytes) -> PartReader:
+        """A compressed part's bytes, decompressed whole (byte planes joined back)."""
+        tensors = safetensors_load(zstandard.ZstdDecompressor().decompress(data))
+        if self.compress == "zstd_planes" and not self.fp8:  # fp8 values are one byte: no planes
             for name in STATE_COLUMNS:
                 tensors[name] = from_byte_planes(tensors[name], PLAIN_DTYPES[self.dtype])
         return PartReader(self, tensors)

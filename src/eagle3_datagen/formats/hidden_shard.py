@@ -3,7 +3,8 @@
 Layer numbering follows transformers' `hidden_states`: index 0 is the embedding output and
 index i the output of decoder layer i (1-based). `final: normed` is the final norm's
 output (what the LM head sees), `raw` the output of layer N. Samples are packed with no
-padding into parts of at most `shard_bytes`; `index.json` lists the parts and their samples.
+padding into parts of at most `shard_bytes`; `index.json` lists the parts, their samples and
+each part's xxh3-64 checksum (`formats.checksums`), which `HiddenShard` checks before reading a part.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 import torch
 import zstandard
 
+from eagle3_datagen.formats.checksums import ALGORITHM, check, digest, file_digest
+from eagle3_datagen.formats.files import atomic_path
 from eagle3_datagen.formats.hidden_codec import (
     REFERENCE_DTYPE,
     STATE_COLUMNS,
@@ -103,6 +106,24 @@ def raw_size(path: Path) -> int:
         return zstandard.frame_content_size(f.read(18))
 
 
+def checksum_path(path: Path) -> Path:
+    """Where an unfinished shard keeps a part's checksum until index.json records it."""
+    return path.with_name(path.name + "." + ALGORITHM)
+
+
+def kept_part_checksum(path: Path) -> str | None:
+    """The checksum of a part complete from an earlier run, if its bytes still match it (None: recompute)."""
+    recorded = checksum_path(path)
+    if not recorded.exists():
+        return None
+    expected = recorded.read_text().strip()
+    return expected if file_digest(path) == expected else None
+
+
+def recapture_fix(shard_dir: Path) -> str:
+    return f"recapture that shard: `snakemake --forcerun {shard_dir}` (or delete {shard_dir} and rerun snakemake)"
+
+
 def write_part(
     path: Path,
     samples: Sequence[dict],
@@ -111,8 +132,8 @@ def write_part(
     metadata: dict,
     reference_count: int = 0,
     seed: int = 0,
-) -> int:
-    """Write one packed part; returns its size before compression.
+) -> tuple[int, str]:
+    """Write one packed part and its checksum file; returns its size before compression and its checksum.
 
     With a lossy `codec`, `reference_count` rows are also kept in bf16 (`reference_rows`,
     `reference_<column>`) for the probe to compare against."""
@@ -136,11 +157,17 @@ def write_part(
         tensors["reference_hidden_states"] = final[rows].to(REFERENCE_DTYPE).contiguous()
     # One metadata key: safetensors orders several keys differently from run to run, and
     # a resumed part must be byte-identical to an uninterrupted one.
-    return codec.write_part(path, tensors, {FORMAT: json.dumps(metadata, sort_keys=True)})
+    raw_bytes, checksum = codec.write_part(path, tensors, {FORMAT: json.dumps(metadata, sort_keys=True)})
+    with atomic_path(checksum_path(path)) as tmp:
+        tmp.write_text(checksum)
+    return raw_bytes, checksum
 
 
 class HiddenShard:
-    """Read a hidden-state shard: iterate samples in order or fetch one by id."""
+    """Read a hidden-state shard: iterate samples in order or fetch one by id.
+
+    Each part's bytes are checked against the checksum in index.json the first time it is opened
+    (`formats.checksums.ChecksumError` on a mismatch, naming the part, the shard and the fix)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -151,6 +178,7 @@ class HiddenShard:
         self.codec = Codec.from_index(self.index)
         self._cached_name: str | None = None
         self._cached: PartReader | None = None
+        self._verified: set[str] = set()
 
     @property
     def ids(self) -> list[str]:
@@ -170,13 +198,22 @@ class HiddenShard:
         a, b = int(offsets[k]), int(offsets[k + 1])
         return {"id": sid, **{name: f.rows(name, a, b) for name in columns}}
 
+    def _check(self, part: dict, actual: str) -> None:
+        check(self.path / part["file"], part.get(ALGORITHM), actual, self.path / "index.json", recapture_fix(self.path))
+        self._verified.add(part["file"])
+
     def _open(self, part: dict):
-        """A part's decoded rows: memory-mapped when plain, decompressed whole (and kept) when not."""
+        """A part's decoded rows, its checksum checked: memory-mapped when plain, decompressed whole
+        (and kept) when not."""
         path = self.path / part["file"]
         if not self.codec.compressed:
+            if part["file"] not in self._verified:
+                self._check(part, file_digest(path))
             return self.codec.open_part(path)
         if self._cached_name != part["file"]:
-            self._cached = self.codec.load_part(path)
+            data = path.read_bytes()
+            self._check(part, digest(data))
+            self._cached = self.codec.decode_part(data)
             self._cached_name = part["file"]
         return contextlib.nullcontext(self._cached)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ import torch
 from eagle3_datagen.backends.base import CaptureBackend
 from eagle3_datagen.backends.batching import capture_in_batches
 from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.formats.checksums import ALGORITHM
 from eagle3_datagen.formats.files import atomic_dir, read_jsonl, write_json
 from eagle3_datagen.formats.hidden_codec import (
     Codec,
@@ -27,6 +29,7 @@ from eagle3_datagen.formats.hidden_codec import (
 from eagle3_datagen.formats.hidden_shard import (
     FORMAT,
     Layout,
+    kept_part_checksum,
     part_key,
     part_metadata,
     plan_parts,
@@ -38,15 +41,25 @@ from eagle3_datagen.progress import Progress
 log = logging.getLogger(__name__)
 
 
-def capture_shard(samples: list[dict], out_dir: str | Path, capture: CaptureBackend, settings: dict) -> dict | None:
-    """Write `samples`' hidden states to `out_dir` (parts, then index.json), resuming a partial run.
+@dataclass
+class _ShardPlan:
+    """The parts a shard is cut into, decided from token counts before any forward pass."""
 
-    With tensor parallelism every rank calls
-    this with the same samples, runs the same forward passes, and only the writer rank writes and
-    returns the index (the others return None).
-    """
-    out_dir = Path(out_dir)
-    ranks = capture.ranks
+    layout: Layout
+    codec: Codec
+    lengths: list[int]
+    parts: list[range]
+    ids: list[list[str]]
+    keys: list[str]  # what each part holds: a part from an earlier run is kept only under the same key
+    paths: list[Path]
+    work: Path
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.codec.bytes_per_token(len(self.layout.aux_layers), self.layout.hidden_size)
+
+
+def _plan(samples: list[dict], out_dir: Path, capture: CaptureBackend, settings: dict) -> _ShardPlan:
     layout = Layout(
         capture.model_name,
         capture.num_layers,
@@ -56,9 +69,10 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: CaptureBack
         settings["dtype"],
     )
     codec = Codec.from_settings(settings)
-    per_token = codec.bytes_per_token(len(layout.aux_layers), layout.hidden_size)
     lengths = [len(s["input_ids"]) for s in samples]
-    parts = plan_parts(lengths, per_token, settings["shard_bytes"])
+    parts = plan_parts(
+        lengths, codec.bytes_per_token(len(layout.aux_layers), layout.hidden_size), settings["shard_bytes"]
+    )
     # Work happens in a sibling directory that Snakemake does not own, so complete parts
     # survive a killed job and the output directory appears only when whole.
     work = out_dir.with_name(f".{out_dir.name}.partial")
@@ -67,55 +81,50 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: CaptureBack
         part_key(layout, codec, part_ids, [lengths[i] for i in part]) for part, part_ids in zip(parts, ids, strict=True)
     ]
     paths = [work / codec.part_name(number) for number in range(len(parts))]
-    earlier: list[dict | None] = [None] * len(parts)
+    return _ShardPlan(layout, codec, lengths, parts, ids, keys, paths, work)
+
+
+def _resume(plan: _ShardPlan, ranks) -> tuple[list[bool], list[dict | None], list[str | None]]:
+    """Per part, whether every rank keeps it from an earlier run, and on the writer its metadata and
+    checksum (None: compute it).
+    Only the writer reads the files; every rank must skip the same parts or the collectives hang."""
+    earlier: list[dict | None] = [None] * len(plan.parts)
+    checksums: list[str | None] = [None] * len(plan.parts)
     if ranks.writer:
-        work.mkdir(parents=True, exist_ok=True)
-        earlier = [part_metadata(path) for path in paths]
-    # Only the writer reads the files; every rank must skip the same parts or the collectives hang.
-    kept = ranks.agree([done is not None and done["part_key"] == key for done, key in zip(earlier, keys, strict=True)])
-    nonfinite: list[str] = []
-    index_parts = []
-    started, computed_tokens = time.monotonic(), 0
-    progress = Progress(len(samples), "samples", log)
-    for number, part in enumerate(parts):
-        part_samples = [samples[i] for i in part]
-        part_tokens = sum(lengths[i] for i in part)
-        if kept[number]:
-            log.info("part %d: complete from an earlier run, kept", number)
-            if ranks.writer:
-                nonfinite += earlier[number]["nonfinite"]
-        else:
-            states = capture_in_batches(capture, [s["input_ids"] for s in part_samples], settings["max_batch_tokens"])
-            if ranks.writer:
-                bad = [
-                    sid
-                    for sid, (aux, fin) in zip(ids[number], states, strict=True)
-                    if not (torch.isfinite(aux).all() and torch.isfinite(fin).all())
-                ]
-                nonfinite += bad
-                metadata = {"part_key": keys[number], "nonfinite": bad}
-                reference = reference_share(codec.reference_positions, part_tokens, sum(lengths))
-                write_part(paths[number], part_samples, states, codec, metadata, reference, seed=number)
-                computed_tokens += part_tokens
-                log.info("part %d: %d samples, %d tokens written", number, len(part), part_tokens)
-        progress.advance(len(part), tokens=part_tokens)
-        if ranks.writer:
-            index_parts.append(
-                {
-                    "file": paths[number].name,
-                    "samples": len(part),
-                    "tokens": part_tokens,
-                    "bytes": paths[number].stat().st_size,
-                    "raw_bytes": raw_size(paths[number]),
-                    "ids": ids[number],
-                }
-            )
-    progress.close()
-    if not ranks.writer:
-        return None
-    # Parts of an earlier plan (another shard_bytes or compression) must not ship with this one.
-    for stale in set(work.iterdir()) - set(paths):
-        stale.unlink()
+        plan.work.mkdir(parents=True, exist_ok=True)
+        for number, (path, key) in enumerate(zip(plan.paths, plan.keys, strict=True)):
+            done = part_metadata(path)
+            if done is not None and done["part_key"] == key:
+                # A part damaged while no job ran fails its checksum and is recomputed.
+                checksums[number] = kept_part_checksum(path)
+                earlier[number] = done if checksums[number] else None
+    return ranks.agree([done is not None for done in earlier]), earlier, checksums
+
+
+def _compute_part(plan: _ShardPlan, number: int, samples: list[dict], capture: CaptureBackend, settings: dict):
+    """Forward passes for one part; on the writer rank, write it. Returns (nonfinite ids, checksum)."""
+    states = capture_in_batches(capture, [s["input_ids"] for s in samples], settings["max_batch_tokens"])
+    if not capture.ranks.writer:
+        return [], None
+    bad = [
+        sid
+        for sid, (aux, fin) in zip(plan.ids[number], states, strict=True)
+        if not (torch.isfinite(aux).all() and torch.isfinite(fin).all())
+    ]
+    part_tokens = sum(len(s["input_ids"]) for s in samples)
+    reference = reference_share(plan.codec.reference_positions, part_tokens, sum(plan.lengths))
+    metadata = {"part_key": plan.keys[number], "nonfinite": bad}
+    _, checksum = write_part(plan.paths[number], samples, states, plan.codec, metadata, reference, seed=number)
+    log.info("part %d: %d samples, %d tokens written", number, len(samples), part_tokens)
+    return bad, checksum
+
+
+def _finish(plan: _ShardPlan, samples: list[dict], out_dir: Path, index_parts: list[dict], nonfinite, settings, timing):
+    """Check the NaN/Inf budget, write index.json and move the finished shard into place."""
+    # Parts of an earlier plan (another shard_bytes or compression) must not ship with this one,
+    # nor the checksum files a resumed run reads (index.json records the checksums).
+    for leftover in set(plan.work.iterdir()) - set(plan.paths):
+        leftover.unlink()
     limit = settings.get("max_nonfinite_fraction", 0.0)
     if samples and len(nonfinite) / len(samples) > limit:
         raise FloatingPointError(
@@ -124,24 +133,72 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: CaptureBack
         )
     index = {
         "format": FORMAT,
-        **{k: (list(v) if isinstance(v, tuple) else v) for k, v in layout.__dict__.items()},
-        "bytes_per_token": per_token,
+        **{k: (list(v) if isinstance(v, tuple) else v) for k, v in plan.layout.__dict__.items()},
+        # `raw`: layer N's output before the final norm; `normed`: the final norm's output.
+        "final_norm_applied": plan.layout.final == "normed",
+        "bytes_per_token": plan.bytes_per_token,
         "samples": len(samples),
-        "tokens": sum(lengths),
+        "tokens": sum(plan.lengths),
         "loss_tokens": sum(sum(s["loss_mask"]) for s in samples),
         "bytes": sum(p["bytes"] for p in index_parts),
         "raw_bytes": sum(p["raw_bytes"] for p in index_parts),
-        **codec.index_fields(),
+        **plan.codec.index_fields(),
+        "checksum": ALGORITHM,
         "nonfinite_ids": nonfinite,
         # This job's forward passes and writes (parts kept from an earlier job excluded).
-        "throughput": {"seconds": round(time.monotonic() - started, 3), "tokens": computed_tokens},
+        "throughput": timing,
         "parts": index_parts,
     }
-    write_json(work / "index.json", index)
+    write_json(plan.work / "index.json", index)
     with atomic_dir(out_dir) as tmp:
         tmp.rmdir()
-        os.replace(work, tmp)
+        os.replace(plan.work, tmp)
     return index
+
+
+def capture_shard(samples: list[dict], out_dir: str | Path, capture: CaptureBackend, settings: dict) -> dict | None:
+    """Write `samples`' hidden states to `out_dir` (parts, then index.json), resuming a partial run.
+
+    With tensor parallelism every rank calls
+    this with the same samples, runs the same forward passes, and only the writer rank writes and
+    returns the index (the others return None).
+    """
+    out_dir = Path(out_dir)
+    plan = _plan(samples, out_dir, capture, settings)
+    kept, earlier, checksums = _resume(plan, capture.ranks)
+    nonfinite: list[str] = []
+    index_parts = []
+    started, computed_tokens = time.monotonic(), 0
+    progress = Progress(len(samples), "samples", log)
+    for number, part in enumerate(plan.parts):
+        part_samples = [samples[i] for i in part]
+        part_tokens = sum(plan.lengths[i] for i in part)
+        if kept[number]:
+            log.info("part %d: complete from an earlier run, kept", number)
+            bad = earlier[number]["nonfinite"] if capture.ranks.writer else []
+        else:
+            bad, checksums[number] = _compute_part(plan, number, part_samples, capture, settings)
+            computed_tokens += part_tokens
+        progress.advance(len(part), tokens=part_tokens)
+        if capture.ranks.writer:
+            nonfinite += bad
+            path = plan.paths[number]
+            index_parts.append(
+                {
+                    "file": path.name,
+                    "samples": len(part),
+                    "tokens": part_tokens,
+                    "bytes": path.stat().st_size,
+                    "raw_bytes": raw_size(path),
+                    ALGORITHM: checksums[number],
+                    "ids": plan.ids[number],
+                }
+            )
+    progress.close()
+    if not capture.ranks.writer:
+        return None
+    timing = {"seconds": round(time.monotonic() - started, 3), "tokens": computed_tokens}
+    return _finish(plan, samples, out_dir, index_parts, nonfinite, settings, timing)
 
 
 def run_hidden(
@@ -155,13 +212,13 @@ def run_hidden(
         capture = load_sglang_capture(
             model_path,
             settings["aux_layers"],
-            settings["final"],
+            settings.get("final", "raw"),
             settings.get("sglang", {}),
             trust_remote_code,
             settings["max_batch_tokens"],
         )
     else:
         capture = HFCapture(
-            model_path, settings["aux_layers"], settings["final"], settings.get("hf", {}), trust_remote_code
+            model_path, settings["aux_layers"], settings.get("final", "raw"), settings.get("hf", {}), trust_remote_code
         )
     return capture_shard(read_jsonl(tokens_path), out_dir, capture, settings)

@@ -170,14 +170,19 @@ def _stats(agree: np.ndarray, logprob: np.ndarray, top5: np.ndarray) -> dict:
     }
 
 
-def _predictions(head: LMHead, states: torch.Tensor, targets: torch.Tensor, normed: bool, chunk: int):
-    """Top-1 token and log-probability of `targets` for each state."""
-    top1, logprob = [], []
+def _predictions(
+    head: LMHead, states: torch.Tensor, targets: torch.Tensor, normed: bool, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For each state, in chunks of `chunk` rows: the LM head's top-1 token, the log-probability of
+    its target, and whether the target is in the top 5."""
+    top1, logprob, top5 = [torch.zeros(0, dtype=torch.long)], [torch.zeros(0)], [torch.zeros(0, dtype=torch.bool)]
     for start in range(0, len(targets), chunk):
         log_probs = head.log_probs(states[start : start + chunk], normed).cpu()
+        target = targets[start : start + chunk]
         top1.append(log_probs.argmax(-1))
-        logprob.append(log_probs.gather(1, targets[start : start + chunk, None])[:, 0])
-    return torch.cat(top1), torch.cat(logprob)
+        logprob.append(log_probs.gather(1, target[:, None])[:, 0])
+        top5.append((log_probs.topk(5, dim=-1).indices == target[:, None]).any(-1))
+    return torch.cat(top1), torch.cat(logprob), torch.cat(top5)
 
 
 def _layer_error(stored: torch.Tensor, reference: torch.Tensor) -> dict:
@@ -204,7 +209,7 @@ def storage_cost(shard: HiddenShard, head: LMHead, chunk: int = 1024) -> dict | 
     result = {"positions": int(len(targets))}
     top1 = {}
     for kind, states in joined.items():
-        top1[kind], logprob = _predictions(head, states["hidden_states"], targets, normed, chunk)
+        top1[kind], logprob, _ = _predictions(head, states["hidden_states"], targets, normed, chunk)
         result[kind] = {
             "top1_agreement": float((top1[kind] == targets).float().mean()) if len(targets) else None,
             "mean_logprob": float(logprob.mean()) if len(targets) else None,
@@ -246,14 +251,8 @@ def probe_shard(shard_dir: str | Path, head: LMHead, settings: ProbeSettings, ch
         [int(samples[k]["input_ids"][j]) for k, j in zip(positions.sample, positions.target, strict=True)],
         dtype=torch.long,
     )
-    agree, logprob, top5 = [], [], []
-    for start in range(0, len(tokens), chunk):
-        log_probs = head.log_probs(states[start : start + chunk], normed).cpu()
-        target = tokens[start : start + chunk]
-        agree.append((log_probs.argmax(-1) == target).numpy())
-        logprob.append(log_probs.gather(1, target[:, None])[:, 0].numpy())
-        top5.append((log_probs.topk(5, dim=-1).indices == target[:, None]).any(-1).numpy())
-    agree, logprob, top5 = (np.concatenate(a) if a else np.zeros(0) for a in (agree, logprob, top5))
+    top1, logprob, top5 = _predictions(head, states, tokens, normed, chunk)
+    agree, logprob, top5 = (top1 == tokens).numpy(), logprob.numpy(), top5.numpy()
     last = positions.last_turn
     first = positions.response_position < settings.first_positions
     by_position = []

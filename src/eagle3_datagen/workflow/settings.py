@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from eagle3_datagen.formats.checkpoint import text_config
+
 BACKENDS = ("hf", "sglang", "openrouter")
 GPU_BACKENDS = ("sglang",)
 ID_BACKENDS = ("hf", "sglang")  # backends that return the generated token IDs
@@ -141,3 +143,36 @@ def missing_sources(config: dict, config_files: list) -> list[str]:
 def as_json(settings: dict) -> str:
     """Canonical JSON, so equal settings always compare equal in Snakemake's params trigger."""
     return json.dumps(settings, sort_keys=True, separators=(",", ":"))
+
+
+def storage_problems(config: dict) -> list[str]:
+    """One message per hidden-state setting that a reader or an export could not take, naming the
+    fix; checked before any job, so nothing is captured that cannot be used."""
+    hidden = config["hidden_states"]
+    problems = []
+    formats = (config.get("export") or {}).get("formats") or []
+    if "speculators" in formats and hidden.get("final", "raw") == "normed":
+        problems.append(
+            "hidden_states.final: normed cannot be exported to speculators: speculators 0.9.0 applies the "
+            "verifier's final norm to the last slot itself and would norm it twice. Set hidden_states.final: raw "
+            "(the specforge export applies the norm where SpecForge needs it), or drop speculators from export.formats."
+        )
+    dtype, scales = hidden["dtype"], hidden.get("scales", "token")
+    if dtype.startswith("float8") and scales == "block":
+        hidden_size = demo_or_model_hidden_size(config)
+        block = hidden.get("scale_block", 128)
+        if hidden_size is not None and hidden_size % min(block, hidden_size):
+            problems.append(
+                f"hidden_states.scale_block {block} does not divide the model's hidden size {hidden_size}: "
+                "set a scale_block that divides it (or scales: token)."
+            )
+    return problems
+
+
+def demo_or_model_hidden_size(config: dict) -> int | None:
+    """The target's hidden size, where it is known before any job (the demo's config, or a model
+    directory that already exists)."""
+    if "demo" in config:
+        return config["demo"].get("hidden_size")
+    model_dir = Path(config["model"]["path"])
+    return int(text_config(model_dir)["hidden_size"]) if (model_dir / "config.json").exists() else None
