@@ -6,7 +6,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Cache compiled bytecode: every job imports torch and transformers afresh.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install sglang-env speculators-env slurm-packages check-envs demo tiny-kimi test test-fast lint clean
+.PHONY: install sglang-env speculators-env specforge-env slurm-packages check-envs demo tiny-kimi test test-fast lint clean
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,17 @@ $(SPECULATORS_VENV)/.installed: envs/speculators-cpu.txt pyproject.toml | instal
 	$(SPECULATORS_VENV)/bin/python -c "import torch, sys; sys.exit(torch.version.cuda and f'{torch.__version__}: a CUDA torch')"
 	touch $@
 
+# SpecForge 0.2.0 on the CPU, for tests/trainers/test_specforge.py (its own venv: SpecForge pins transformers 5.8.1).
+SPECFORGE_VENV ?= .venv-specforge
+specforge-env: $(SPECFORGE_VENV)/.installed
+
+$(SPECFORGE_VENV)/.installed: envs/specforge-cpu.txt pyproject.toml | install
+	python3 -m venv $(SPECFORGE_VENV)
+	$(VENV)/bin/uv pip install --quiet --python $(SPECFORGE_VENV)/bin/python --no-deps $(FIND_LINKS) -r envs/specforge-cpu.txt
+	$(VENV)/bin/uv pip install --quiet --python $(SPECFORGE_VENV)/bin/python --no-deps -e .
+	$(SPECFORGE_VENV)/bin/python -c "import torch, sys; sys.exit(torch.version.cuda and f'{torch.__version__}: a CUDA torch')"
+	touch $@
+
 # envs/sglang.yaml's pip pins resolve together (package metadata only: nothing is installed).
 check-envs: install
 	$(PY) -c "import yaml; deps = yaml.safe_load(open('envs/sglang.yaml'))['dependencies']; \
@@ -68,9 +79,13 @@ FAST := not e2e and not slurm and not sglang and not trainers
 test-fast: install
 	pytest -q -m "$(FAST)" --durations=25
 
-test: slurm-packages install sglang-env
+# Each trainer's and SGLang's tests run under their own venv, with their releases' own pins.
+RUN_APART := -m pytest -q -o addopts=-ra --durations=25
+test: slurm-packages install sglang-env speculators-env specforge-env
 	pytest -q --durations=25
-	$(SGLANG_VENV)/bin/python -m pytest -q -o addopts=-ra --durations=25 tests/real_sglang
+	$(SGLANG_VENV)/bin/python $(RUN_APART) tests/real_sglang
+	$(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
+	$(SPECFORGE_VENV)/bin/python $(RUN_APART) tests/trainers/test_specforge.py
 
 lint: install
 	ruff check src scripts tests

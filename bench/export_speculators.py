@@ -43,7 +43,9 @@ def time_exports(shards: dict[str, list[Path]], results: Path, repeat: int, work
         started = time.perf_counter()
         for partition, dirs in shards.items():
             out = work / f"{attempt}" / partition
-            summary = export(dirs, out, "speculators", results / "vocab", results / "demo" / "model")
+            summary = export(
+                dirs, out, "speculators", model_path=results / "demo" / "model", vocab_dir=results / "vocab"
+            )
             if attempt == 0:
                 samples += summary["samples"]
                 tokens += summary["tokens"]

@@ -46,6 +46,11 @@ def get_model_path(wildcards, input):
     return input.model if MODEL_INPUT else config["model"]["path"]
 
 
+def get_vocab_option(wildcards, input):
+    """The exporters' `--vocab DIR` when the workflow builds a draft vocabulary."""
+    return f"--vocab {input.vocab}" if input.vocab else ""
+
+
 def get_partition_hidden_shards(wildcards):
     p = wildcards.partition
     return expand("results/{p}/hidden/{s}", p=p, s=shards(p))

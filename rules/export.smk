@@ -1,6 +1,7 @@
 rule export:
     input:
         hidden=get_partition_hidden_shards,
+        model=MODEL_INPUT,
         vocab=["results/vocab"] if "vocab_mapping" in config else [],
     output:
         directory("results/{partition}/export/{format}"),
@@ -11,8 +12,8 @@ rule export:
     conda:
         "../envs/cpu.yaml"
     params:
-        vocab=lambda wildcards, input: f"--vocab {input.vocab}" if input.vocab else "",
-        model=config["model"]["path"],
+        model=get_model_path,
+        vocab=get_vocab_option,
     shell:
         "python scripts/export.py --format {wildcards.format} --hidden {input.hidden} "
-        "--out {output} {params.vocab} --model {params.model:q} > {log} 2>&1"
+        "--model {params.model:q} {params.vocab} --out {output} > {log} 2>&1"

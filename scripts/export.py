@@ -12,11 +12,12 @@ def main() -> None:
     p.add_argument("--format", choices=FORMATS, required=True)
     p.add_argument("--hidden", nargs="+", required=True, help="hidden-state shard directories, in order")
     p.add_argument("--out", required=True, help="directory to create")
-    p.add_argument("--vocab", help="the vocab stage's directory (d2t.npy, t2d.npy), copied into a speculators export")
-    p.add_argument("--model", help="the verifier model directory, named in the speculators training command")
+    p.add_argument("--model", help="the target (verifier) model directory: its final norm, LM head and config")
+    p.add_argument("--vocab", help="the vocabulary stage's directory (d2t.npy, t2d.npy, vocab.json)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO)
-    logging.getLogger("export").info("%s", export(args.hidden, args.out, args.format, args.vocab, args.model))
+    summary = export(args.hidden, args.out, args.format, model_path=args.model, vocab_dir=args.vocab)
+    logging.getLogger("export").info("%s", summary)
 
 
 if __name__ == "__main__":

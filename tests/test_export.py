@@ -11,11 +11,13 @@ import yaml
 from safetensors.torch import load_file
 
 from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.formats.checkpoint import FinalNorm
 from eagle3_datagen.formats.checksums import ChecksumError, file_digest
 from eagle3_datagen.formats.files import write_jsonl_zst
 from eagle3_datagen.formats.hidden_codec import COMPRESS, FP8_DTYPES, GRANULARITIES, frame_header_json
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.export import FORMATS, export
+from eagle3_datagen.stages.export.specforge import specforge_sample_path
 from eagle3_datagen.stages.hidden import capture_shard
 from eagle3_datagen.stages.probe import LMHead, ProbeSettings, probe_shard
 from eagle3_datagen.stages.vocab import loss_token_counts, run_vocab, vocab_mapping
@@ -47,22 +49,72 @@ def stored(shards):
     return [s for d in shards for s in HiddenShard(d)]
 
 
-def test_specforge_layout_round_trips(tmp_path, shards):
-    summary = export(shards, tmp_path / "sf", "specforge")
-    assert summary["samples"] == 12
+def test_specforge_layout_round_trips(tmp_path, shards, tiny_model_dir):
+    summary = export(shards, tmp_path / "sf", "specforge", model_path=tiny_model_dir)
+    assert summary["samples"] == 12 and summary["final_norm_applied"] is True  # raw shards: normed on export
+    final_norm = FinalNorm(tiny_model_dir)
     ids = [json.loads(line) for line in (tmp_path / "sf" / "ids.jsonl").read_text().splitlines()]
     for index, sample in enumerate(stored(shards)):
         # as SpecForge's offline dataset loads a sample
-        data = torch.load(tmp_path / "sf" / "rows_0-1000" / f"data_{index}.ckpt", weights_only=True)
+        path = tmp_path / "sf" / specforge_sample_path(index)
+        assert path.relative_to(tmp_path / "sf").as_posix() == f"rows_000000000-000001000/data_{index:09d}.ckpt"
+        data = torch.load(path, weights_only=True)
         length = len(sample["input_ids"])
         assert data["input_ids"].shape == data["loss_mask"].shape == (length,)
         assert data["hidden_state"].shape == (1, length, 32) and data["aux_hidden_state"].shape == (1, length, 96)
         assert data["hidden_state"].dtype == data["aux_hidden_state"].dtype == torch.bfloat16  # fp8 dequantized
         assert torch.equal(data["input_ids"], sample["input_ids"].long())
         assert torch.equal(data["loss_mask"], sample["loss_mask"].long())
-        assert torch.equal(data["hidden_state"][0], sample["hidden_states"])
+        assert torch.equal(data["hidden_state"][0], final_norm(sample["hidden_states"]))
         assert torch.equal(data["aux_hidden_state"][0], sample["aux_hidden_states"])
         assert ids[index] == {"index": index, "id": sample["id"]}
+        # only the sample's own rows are saved (torch.save of a view writes its whole part)
+        assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in data.values())
+
+
+def test_specforge_export_norms_raw_final_states_and_carries_its_config(tmp_path, tiny_model_dir):
+    capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32"})
+    capture_shard(make_samples(5, seed=6), tmp_path / "raw", capture, {**SETTINGS, "dtype": "bfloat16"})
+    run_vocab_from_samples(tmp_path, tiny_model_dir)
+    summary = export(
+        [tmp_path / "raw"], tmp_path / "sf", "specforge", model_path=tiny_model_dir, vocab_dir=tmp_path / "vocab"
+    )
+    assert summary["final_norm_applied"] is True and summary["specforge_aux_layer_ids"] == [1, 3, 4]
+    weight = load_file(tiny_model_dir / "model.safetensors")["model.norm.weight"].float()
+    for index, sample in enumerate(HiddenShard(tmp_path / "raw")):
+        data = torch.load(tmp_path / "sf" / specforge_sample_path(index), weights_only=True)
+        h = sample["hidden_states"].float()
+        normed = (weight * h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+        assert torch.equal(data["hidden_state"][0], normed)
+    mapping = torch.load(tmp_path / "sf" / "vocab_mapping.pt", weights_only=True)
+    assert mapping["d2t"].tolist() == np.load(tmp_path / "vocab" / "d2t.npy").tolist()
+    assert (
+        mapping["t2d"].dtype == torch.bool
+        and mapping["t2d"].tolist() == np.load(tmp_path / "vocab" / "t2d.npy").tolist()
+    )
+    draft = json.loads((tmp_path / "sf" / "draft_config.json").read_text())
+    assert draft["draft_vocab_size"] == 8 and draft["vocab_size"] == 512 and draft["hidden_size"] == 32
+    assert draft["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}
+    train = yaml.safe_load((tmp_path / "sf" / "specforge.yaml").read_text())
+    assert train["model"]["lm_head_key"] == "lm_head.weight"  # the tiny model's head is untied
+    assert train["data"]["hidden_states_path"] == str((tmp_path / "sf").resolve())
+    readme = (tmp_path / "sf" / "README.md").read_text()
+    assert f"specforge train --config {(tmp_path / 'sf').resolve()}/specforge.yaml" in readme
+    assert "has no `*.index.json`" in readme  # the tiny model is one model.safetensors
+
+
+def run_vocab_from_samples(tmp_path, model_dir):
+    path = tmp_path / "tokens.jsonl.zst"
+    write_jsonl_zst(path, make_samples(5, seed=6))
+    run_vocab([str(path)], model_dir, 8, tmp_path / "vocab")
+
+
+def test_specforge_export_refuses_other_than_three_aux_layers(tmp_path, tiny_model_dir):
+    capture = HFCapture(tiny_model_dir, [2, 5], "raw", {"dtype": "float32"})
+    capture_shard(make_samples(2), tmp_path / "two", capture, SETTINGS)
+    with pytest.raises(ValueError, match="exactly 3 auxiliary layers"):
+        export([tmp_path / "two"], tmp_path / "sf", "specforge", model_path=tiny_model_dir)
+    assert not (tmp_path / "sf").exists()
 
 
 def test_speculators_layout_round_trips(tmp_path, shards, tiny_model_dir):
@@ -72,7 +124,7 @@ def test_speculators_layout_round_trips(tmp_path, shards, tiny_model_dir):
     vocab.mkdir()
     np.save(vocab / "d2t.npy", np.array([3, 3, 5]))
     np.save(vocab / "t2d.npy", np.isin(np.arange(512), [3, 4, 7]))
-    summary = export(shards, tmp_path / "sp", "speculators", vocab, tiny_model_dir)
+    summary = export(shards, tmp_path / "sp", "speculators", model_path=tiny_model_dir, vocab_dir=vocab)
     assert summary["final"] == "raw" and summary["final_norm_applied"] is False
     rows = datasets.load_from_disk(str(tmp_path / "sp"))  # speculators' ArrowDataset: the same call
     assert rows.format["type"] == "torch" and len(rows) == 12
@@ -162,7 +214,7 @@ def head(tiny_model_dir):
 
 
 @pytest.mark.parametrize("storage", MATRIX.values(), ids=MATRIX.keys())
-def test_every_storage_setting_reads_back_through_every_reader(tmp_path, head, raw_capture, storage):
+def test_every_storage_setting_reads_back_through_every_reader(tmp_path, head, raw_capture, storage, tiny_model_dir):
     samples = make_samples(5, seed=2)
     shard_dir = tmp_path / "00000"
     index = capture_shard(samples, shard_dir, raw_capture, {**SETTINGS, **storage, "shard_bytes": 8_000})
@@ -173,10 +225,10 @@ def test_every_storage_setting_reads_back_through_every_reader(tmp_path, head, r
     assert (result["storage_cost"] is None) == (storage["dtype"] in ("bfloat16", "float16", "float32"))
     read = list(HiddenShard(shard_dir))
     assert [s["input_ids"].tolist() for s in read] == [s["input_ids"] for s in samples]
-    export([shard_dir], tmp_path / "sf", "specforge")
+    export([shard_dir], tmp_path / "sf", "specforge", model_path=tiny_model_dir)
     export([shard_dir], tmp_path / "sp", "speculators")
     for number, sample in enumerate(read):
-        sf = torch.load(tmp_path / "sf" / "rows_0-1000" / f"data_{number}.ckpt", weights_only=True)
+        sf = torch.load(tmp_path / "sf" / specforge_sample_path(number), weights_only=True)
         sp = load_file(tmp_path / "sp" / "hidden_states" / f"hs_{number}.safetensors")
         assert torch.equal(sf["aux_hidden_state"][0], sample["aux_hidden_states"])
         assert torch.equal(sp["hidden_states"][:, :-1].flatten(1), sample["aux_hidden_states"])
@@ -196,7 +248,7 @@ def _flip_bytes(part: Path, count: int = 64) -> None:
 
 
 @pytest.mark.parametrize("storage", [{"dtype": "bfloat16"}, {"dtype": "bfloat16", "compress": "zstd_planes"}])
-def test_flipped_bytes_in_a_part_stop_every_reader(tmp_path, head, raw_capture, storage):
+def test_flipped_bytes_in_a_part_stop_every_reader(tmp_path, head, raw_capture, storage, tiny_model_dir):
     shard_dir = tmp_path / "00000"
     index = capture_shard(
         make_samples(6, seed=3), shard_dir, raw_capture, {**SETTINGS, **storage, "shard_bytes": 8_000}
@@ -210,7 +262,7 @@ def test_flipped_bytes_in_a_part_stop_every_reader(tmp_path, head, raw_capture, 
         probe_shard(shard_dir, head, ProbeSettings())
     for fmt in FORMATS:
         with pytest.raises(ChecksumError, match=refused):
-            export([shard_dir], tmp_path / fmt, fmt)
+            export([shard_dir], tmp_path / fmt, fmt, model_path=tiny_model_dir)
         assert not (tmp_path / fmt).exists()
 
 

@@ -165,6 +165,11 @@ def test_demo_writes_the_draft_vocabulary_and_both_exports(demo_dir):
         for fmt in ("specforge", "speculators"):
             summary = json.loads((demo_dir / f"results/{partition}/export/{fmt}/export.json").read_text())
             assert summary["samples"] == hidden
+        final = HiddenShard(demo_dir / f"results/{partition}/hidden/{shards(partition)[0]}").index["final"]
+        specforge = demo_dir / f"results/{partition}/export/specforge"
+        assert json.loads((specforge / "export.json").read_text())["final_norm_applied"] is (final == "raw")
+        assert json.loads((specforge / "draft_config.json").read_text())["draft_vocab_size"] == 256
+        assert (specforge / "vocab_mapping.pt").exists() and (specforge / "specforge.yaml").exists()
 
 
 def embedded_pngs(html: str) -> dict[str, bytes]:

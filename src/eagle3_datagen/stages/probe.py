@@ -22,9 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
 
-from eagle3_datagen.formats.checkpoint import text_config
+from eagle3_datagen.formats.checkpoint import head_and_norm_names, read_tensor, rms_norm, tensor_files, text_config
 from eagle3_datagen.formats.files import write_json
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 
@@ -57,52 +56,19 @@ class ProbeSettings:
         return cls(**{k: v for k, v in section.items() if k in cls.__dataclass_fields__})
 
 
-def _tensor_files(model_dir: Path) -> dict[str, Path]:
-    """Tensor name -> file, from the safetensors index or the single checkpoint file."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: model_dir / file for name, file in weight_map.items()}
-    single = model_dir / "model.safetensors"
-    if not single.exists():
-        raise FileNotFoundError(f"{model_dir}: no model.safetensors.index.json or model.safetensors")
-    with safe_open(str(single), "pt") as f:
-        return dict.fromkeys(f.keys(), single)
-
-
-def _one_named(names: list[str], suffix: str) -> str | None:
-    """The shortest tensor name ending in `suffix` (the language model's, in a multimodal checkpoint)."""
-    matches = sorted((n for n in names if n == suffix or n.endswith("." + suffix)), key=len)
-    return matches[0] if matches else None
-
-
 class LMHead:
     """The target model's LM head and final RMS norm, read without loading the model."""
 
     def __init__(self, model_dir: str | Path, device: str = "cpu"):
-        model_dir = Path(model_dir)
-        config = text_config(model_dir)
-        files = _tensor_files(model_dir)
-        names = list(files)
-        head = _one_named(names, "lm_head.weight")
-        if head is None and config.get("tie_word_embeddings", False):
-            head = _one_named(names, "embed_tokens.weight")
-        norm = _one_named(names, "model.norm.weight") or _one_named(names, "norm.weight")
-        if head is None or norm is None:
-            raise KeyError(f"{model_dir}: cannot find the LM head and final norm tensors among {len(names)} tensors")
+        files = tensor_files(model_dir)
+        head, norm = head_and_norm_names(model_dir, files)
         self.loaded = [head, norm]
-        self.weight = self._read(files[head], head).to(device)
-        self.norm_weight = self._read(files[norm], norm).to(device=device, dtype=torch.float32)
-        self.eps = float(config.get("rms_norm_eps", 1e-6))
-
-    @staticmethod
-    def _read(path: Path, name: str) -> torch.Tensor:
-        with safe_open(str(path), "pt") as f:
-            return f.get_tensor(name)
+        self.weight = read_tensor(files[head], head).to(device)
+        self.norm_weight = read_tensor(files[norm], norm).to(device=device, dtype=torch.float32)
+        self.eps = float(text_config(model_dir).get("rms_norm_eps", 1e-6))
 
     def norm(self, hidden: torch.Tensor) -> torch.Tensor:
-        hidden = hidden.float()
-        return self.norm_weight * hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.eps)
+        return rms_norm(hidden, self.norm_weight, self.eps)
 
     def log_probs(self, hidden: torch.Tensor, normed: bool) -> torch.Tensor:
         hidden = hidden.to(self.weight.device).float() if normed else self.norm(hidden.to(self.weight.device))

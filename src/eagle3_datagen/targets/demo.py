@@ -17,6 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen3Config, 
 
 from eagle3_datagen.backends.batching import pad_batch, plan_batches
 from eagle3_datagen.chat.template import render_ids
+from eagle3_datagen.formats.checkpoint import write_safetensors_index
 from eagle3_datagen.formats.datasets import recorded_conversations
 from eagle3_datagen.formats.files import atomic_dir
 
@@ -214,6 +215,17 @@ def fit_to_conversations(
     return losses
 
 
+def write_demo_model_dir(out_dir: str | Path, model: PreTrainedModel, tokenizer, build: dict) -> None:
+    """The demo model directory (atomically): tokenizer, weights with their safetensors index, build facts."""
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    with atomic_dir(out_dir) as tmp:
+        tokenizer.save_pretrained(tmp)
+        model.save_pretrained(tmp, safe_serialization=True)
+        write_safetensors_index(tmp)
+        (tmp / "demo_build.json").write_text(json.dumps(build, indent=2))
+
+
 def build_demo_model(conversations: list[list[dict]], out_dir: str | Path, settings: dict) -> dict:
     """Write tokenizer + tiny model to `out_dir` (atomically). Returns build facts for the log."""
     torch.manual_seed(settings["seed"])
@@ -224,12 +236,7 @@ def build_demo_model(conversations: list[list[dict]], out_dir: str | Path, setti
     losses = fit_to_conversations(
         model, sequences, settings["train_steps"], settings["learning_rate"], settings["seed"]
     )
-    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    with atomic_dir(out_dir) as tmp:
-        tokenizer.save_pretrained(tmp)
-        model.save_pretrained(tmp, safe_serialization=True)
-        (tmp / "demo_build.json").write_text(json.dumps({"settings": settings, "losses": losses}, indent=2))
+    write_demo_model_dir(out_dir, model, tokenizer, {"settings": settings, "losses": losses})
     return {
         "parameters": sum(p.numel() for p in model.parameters()),
         "first_loss": losses[0] if losses else None,

@@ -21,6 +21,7 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedToke
 from eagle3_datagen.chat.template import SpecialTokens, encode, render_generation_prompt, resolve_special_tokens
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 from eagle3_datagen.chat.tool_calls import ToolCallMarkers, derive_markers
+from eagle3_datagen.formats.checkpoint import write_safetensors_index
 from eagle3_datagen.formats.datasets import normalize, recorded_conversations
 from eagle3_datagen.formats.files import atomic_dir
 from eagle3_datagen.targets.demo import fit_to_conversations
@@ -176,6 +177,7 @@ def write_kimi_model_dir(
             if name != "tokenizer_config.json":  # the saved one names the fast tokenizer, not Moonshot's code
                 shutil.copyfile(tokenizer_dir / name, tmp / name)
         model.save_pretrained(tmp, safe_serialization=True)
+        write_safetensors_index(tmp)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for name, content in extra.items():
             (tmp / name).write_text(json.dumps(content, indent=2) + "\n")
