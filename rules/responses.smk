@@ -1,3 +1,6 @@
+# One job per shard, every backend. Partitions that a launched SGLang server answers share one server
+# per node (backends/sglang/shared.py): it is no job's input or output, so adding a partition or a
+# shard reschedules no finished shard.
 rule responses:
     input:
         prompts="results/{partition}/prompts/{shard}.jsonl.zst",
@@ -9,49 +12,21 @@ rule responses:
         "logs/{partition}/responses/{shard}.log",
     benchmark:
         "benchmarks/{partition}/responses/{shard}.tsv"
-    wildcard_constraints:
-        partition=(
-            "|".join(SHARD_JOB_PARTITIONS) if SHARD_JOB_PARTITIONS else "NO_PARTITION"
-        ),
+    # Before hidden-state jobs that want the same GPUs: the shared server is loaded once.
+    priority: 10
     conda:
         get_conda_env
     threads: 2
     resources:
         gpu=get_response_gpus,
         slurm_partition=get_response_slurm_partition,
+        mem_mb=get_response_resource("mem_mb"),
+        cpus_per_task=get_response_resource("cpus_per_task"),
+        runtime=get_response_resource("runtime"),
     params:
         settings=get_response_settings,
+        server_log=SERVER_LOG,
     shell:
         "python scripts/responses.py --prompts {input.prompts} --out {output.responses} "
-        "--stats {output.stats} --settings {params.settings:q} --threads {threads} > {log} 2>&1"
-
-
-if SERVER_PARTITIONS:
-
-    rule responses_sglang_server:
-        input:
-            prompts=get_server_outputs("prompts"),
-            model=MODEL_INPUT,
-        output:
-            responses=get_server_outputs("responses"),
-            stats=get_server_outputs("stats"),
-        log:
-            job="logs/sglang_server/responses.log",
-            server="logs/sglang_server/server.log",
-        benchmark:
-            "benchmarks/sglang_server/responses.tsv"
-        conda:
-            "../envs/sglang.yaml"
-        threads: 8
-        resources:
-            gpu=config["resources"]["gpus_per_node"],
-            slurm_partition="gpu",
-            mem_mb=JOB_RESOURCES["responses_sglang_server"]["mem_mb"],
-            cpus_per_task=JOB_RESOURCES["responses_sglang_server"]["cpus_per_task"],
-            runtime=JOB_RESOURCES["responses_sglang_server"]["runtime"],
-        params:
-            settings=RESPONSE_SETTINGS[SERVER_PARTITIONS[0]],
-        shell:
-            "python scripts/responses.py --prompts {input.prompts} --out {output.responses} "
-            "--stats {output.stats} --server-log {log.server} --settings {params.settings:q} "
-            "--threads {threads} > {log.job} 2>&1"
+        "--stats {output.stats} --server-log {params.server_log} --settings {params.settings:q} "
+        "--threads {threads} > {log} 2>&1"

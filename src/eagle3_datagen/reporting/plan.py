@@ -27,9 +27,7 @@ def scheduled_partitions(dry_run_output: str, rules: tuple[str, ...] = ("respons
     found = set()
     for block in dry_run_output.split("\nrule ")[1:]:
         rule = block.split(":", 1)[0].strip()
-        if rule == "responses_sglang_server":  # one job for many partitions: read them off its outputs
-            found.update(re.findall(r"results/([\w.-]+)/responses/", block.split("log:")[0]))
-        elif rule in rules:
+        if rule in rules:
             match = re.search(r"wildcards: partition=([\w.-]+)", block)
             if match:
                 found.add(match.group(1))
