@@ -288,3 +288,25 @@ def test_changing_an_output_key_schedules_its_stage_and_what_depends_on_it(cover
     assert rules <= allowed, jobs
     if partitions is not None:
         assert {p for _, p in jobs if p} <= partitions, jobs
+
+
+def test_the_plan_counts_one_server_load_and_reads_its_measured_load_time(tmp_path):
+    from eagle3_datagen.reporting.plan import plan_loads
+
+    config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
+    jobs = [(rule, p) for p in ("B1_glaive", "B3_magicoder") for rule in ("responses", "hidden_states") * 16]
+    loads = plan_loads(config, jobs, tmp_path)
+    server = {"loads": 1, "seconds_each": 600.0, "basis": "plan.load_seconds", "hours": 1 / 6}
+    assert loads["generation_server"] == server
+    assert loads["capture_runner"]["loads"] == 32
+    (tmp_path / "sglang_server").mkdir()
+    (tmp_path / "sglang_server" / "server.log").write_text(
+        "2026-12-03 18:00:00,000 INFO eagle3_datagen.backends.sglang.server: starting the SGLang server: ...\n"
+        "[2026-12-03 18:00:05] some SGLang line\n"
+        "2026-12-03 18:04:10,500 INFO eagle3_datagen.backends.sglang.server: SGLang server healthy at http://x\n"
+        "2026-12-03 19:00:00,000 INFO eagle3_datagen.backends.sglang.server: starting the SGLang server: ...\n"
+        "2026-12-03 19:03:59,500 INFO eagle3_datagen.backends.sglang.server: SGLang server healthy at http://x\n"
+    )
+    measured = plan_loads(config, jobs, tmp_path)["generation_server"]
+    assert measured["seconds_each"] == pytest.approx((250.5 + 239.5) / 2) and measured["basis"].startswith("measured")
+    assert plan_loads(config, [("tokens", "B1_glaive")], tmp_path)["generation_server"]["loads"] == 0

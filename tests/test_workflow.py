@@ -421,6 +421,8 @@ def test_plan_counts_only_what_a_dry_run_would_regenerate(demo_dir, tmp_path):
     assert alpaca["hidden_bytes"] == tokens * ((3 + 1) * 64 * 2 + 5)  # 3 aux layers + final, hidden 64, bf16
     assert alpaca["hidden_gpu_hours"] == pytest.approx(tokens / 1000 / 3600)
     assert plan["exceeds_free_disk"] is False
+    # one hidden-state job, one capture load; no launched server in the demo
+    assert plan["loads"]["capture_runner"]["loads"] == 1 and plan["loads"]["generation_server"]["loads"] == 0
 
 
 def test_long_jobs_log_progress_as_plain_lines(demo_dir):
