@@ -64,6 +64,7 @@ RESPONSE_SETTINGS = {p: wf.as_json(wf.response_settings(config, p)) for p in PAR
 RESPONSE_GPUS = {p: wf.gpus_for(config, "responses", p) for p in PARTITIONS}
 # The shard jobs of these partitions share the node's launched SGLang server.
 SERVER_PARTITIONS = [p for p in PARTITIONS if wf.served_by_launched_server(config, p)]
+SHARD_JOB_PARTITIONS = [p for p in PARTITIONS if p not in SERVER_PARTITIONS]
 SERVER_URL = wf.server_url(config)
 SERVER_LOG = "logs/sglang_server/server.log"
 HIDDEN_GPUS = wf.gpus_for(config, "hidden_states")
@@ -81,17 +82,6 @@ os.environ[wf.RUN_SETTINGS_ENV] = wf.as_json(wf.run_settings(config))
 
 def get_prompt_outputs(partition):
     return expand("results/{p}/prompts/{s}.jsonl.zst", p=partition, s=shards(partition))
-
-
-def get_response_resource(name):
-    """What a shard job of a server-served partition asks the cluster for; others take the defaults."""
-
-    def resource(wildcards):
-        if wildcards.partition in SERVER_PARTITIONS:
-            return JOB_RESOURCES["responses_sglang_server"][name]
-        return None
-
-    return resource
 
 
 def get_response_settings(wildcards):

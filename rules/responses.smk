@@ -1,6 +1,6 @@
-# One job per shard, every backend. Partitions that a launched SGLang server answers share one server
-# per node (backends/sglang/shared.py): it is no job's input or output, so adding a partition or a
-# shard reschedules no finished shard.
+# One job per shard, every backend. The shard jobs of partitions that a launched SGLang server
+# answers (responses_sglang_server) share one server per node (backends/sglang/shared.py): it is
+# no job's input or output, so adding a partition or a shard reschedules no finished shard.
 rule responses:
     input:
         prompts="results/{partition}/prompts/{shard}.jsonl.zst",
@@ -12,17 +12,16 @@ rule responses:
         "logs/{partition}/responses/{shard}.log",
     benchmark:
         "benchmarks/{partition}/responses/{shard}.tsv"
-    # Before hidden-state jobs that want the same GPUs: the shared server is loaded once.
-    priority: 10
+    wildcard_constraints:
+        partition=(
+            "|".join(SHARD_JOB_PARTITIONS) if SHARD_JOB_PARTITIONS else "NO_PARTITION"
+        ),
     conda:
         get_conda_env
     threads: 2
     resources:
         gpu=get_response_gpus,
         slurm_partition=get_response_slurm_partition,
-        mem_mb=get_response_resource("mem_mb"),
-        cpus_per_task=get_response_resource("cpus_per_task"),
-        runtime=get_response_resource("runtime"),
     params:
         settings=get_response_settings,
         server_log=SERVER_LOG,
@@ -30,3 +29,16 @@ rule responses:
         "python scripts/responses.py --prompts {input.prompts} --out {output.responses} "
         "--stats {output.stats} --server-log {params.server_log} --settings {params.settings:q} "
         "--threads {threads} > {log} 2>&1"
+
+
+use rule responses as responses_sglang_server with:
+    wildcard_constraints:
+        partition=("|".join(SERVER_PARTITIONS) if SERVER_PARTITIONS else "NO_PARTITION"),
+    # Before the capture jobs that want the same GPUs: every ready shard, then the server stops.
+    priority: 10
+    resources:
+        gpu=config["resources"]["gpus_per_node"],
+        slurm_partition="gpu",
+        mem_mb=JOB_RESOURCES["responses_sglang_server"]["mem_mb"],
+        cpus_per_task=JOB_RESOURCES["responses_sglang_server"]["cpus_per_task"],
+        runtime=JOB_RESOURCES["responses_sglang_server"]["runtime"],

@@ -256,8 +256,8 @@ def test_production_configs_dry_run_under_profiles(production_dir, profile, conf
     blocks = {b.split(":", 1)[0].strip(): b for b in out.split("\nrule ")[1:]}
     assert re.search(r"\bgpu=8\b", blocks["hidden_states"])
     if "sglang" in config:  # the config launches the server: one job per shard, sharing the node's server
-        assert sum(r == "responses" for r, _ in jobs) == 32
-        responses = blocks["responses"]
+        assert sum(r == "responses_sglang_server" for r, _ in jobs) == 32
+        responses = blocks["responses_sglang_server"]
         assert re.search(r"\bgpu=8\b", responses) and "slurm_partition=gpu" in responses
         assert re.search(r"\bmem_mb=512000\b", responses)
     else:

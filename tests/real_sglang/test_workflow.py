@@ -190,7 +190,7 @@ def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run
     (work / "added.yaml").write_text(yaml.safe_dump(run_config({**PARTITIONS, **ADDED})))
     dry = snakemake_run(work, "added.yaml", "-n").stdout
     jobs = [(b.split(":", 1)[0].strip(), b) for b in dry.split("\nrule ")[1:]]
-    responses = [b for rule, b in jobs if rule == "responses"]
+    responses = [b for rule, b in jobs if rule == "responses_sglang_server"]
     assert len(responses) == 2 and all("partition=demo_openai" in b for b in responses)
     assert not any(f"partition={p}" in b for _, b in jobs for p in PARTITIONS)
 

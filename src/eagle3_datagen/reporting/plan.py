@@ -36,7 +36,12 @@ def scheduled_jobs(dry_run_output: str) -> list[tuple[str, str | None]]:
     return jobs
 
 
-def scheduled_partitions(dry_run_output: str, rules: tuple[str, ...] = ("responses", "hidden_states")) -> set[str]:
+RESPONSE_RULES = ("responses", "responses_sglang_server")
+
+
+def scheduled_partitions(
+    dry_run_output: str, rules: tuple[str, ...] = (*RESPONSE_RULES, "hidden_states")
+) -> set[str]:
     """Partitions with a job of `rules` in a dry-run's listing (`snakemake -n`)."""
     return {p for rule, p in scheduled_jobs(dry_run_output) if rule in rules and p}
 
@@ -67,7 +72,7 @@ def plan_loads(config: dict, jobs: list[tuple[str, str | None]], logs: str | Pat
     served = {p for p in config["partitions"] if served_by_launched_server(config, p)}
     counts = {
         # the shard jobs on the node share one server; under SLURM, one per allocation (README)
-        "generation_server": int(any(rule == "responses" and p in served for rule, p in jobs)),
+        "generation_server": int(any(rule in RESPONSE_RULES and p in served for rule, p in jobs)),
         # every hidden-state job starts its own runner and loads the model
         "capture_runner": sum(rule == "hidden_states" for rule, _ in jobs),
     }
