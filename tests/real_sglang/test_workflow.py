@@ -56,7 +56,7 @@ SNAKEMAKE = ["--profile", "local", "--resources", "gpu=1", "--configfile"]
 
 def snakemake_run(work: Path, config: str, *args: str, check=True) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [str(MAIN_VENV_BIN / "snakemake"), *SNAKEMAKE, config, *args],
+        [str(MAIN_VENV_BIN / "snakemake"), *args, *SNAKEMAKE, config],  # --configfile takes every word after it
         cwd=work,
         env=snakemake_env(work),
         capture_output=True,
