@@ -1,3 +1,5 @@
+import os
+
 from snakemake.exceptions import WorkflowError
 
 from eagle3_datagen.workflow import cluster_fit
@@ -71,35 +73,26 @@ TOKEN_SETTINGS = wf.as_json(wf.token_settings(config))
 HIDDEN_SETTINGS = wf.as_json(wf.hidden_settings(config))
 RESPONSE_SETTINGS = {p: wf.as_json(wf.response_settings(config, p)) for p in PARTITIONS}
 RESPONSE_GPUS = {p: wf.gpus_for(config, "responses", p) for p in PARTITIONS}
-# One job launches the SGLang server and answers every shard of these partitions.
+# The shard jobs of these partitions share the node's launched SGLang server.
 SERVER_PARTITIONS = [p for p in PARTITIONS if wf.served_by_launched_server(config, p)]
 SHARD_JOB_PARTITIONS = [p for p in PARTITIONS if p not in SERVER_PARTITIONS]
+SERVER_URL = wf.server_url(config)
+SERVER_LOG = "logs/sglang_server/server.log"
 HIDDEN_GPUS = wf.gpus_for(config, "hidden_states")
-# The sglang backend runs one tensor-parallel rank per GPU under torchrun.
 HIDDEN_SGLANG = config["hidden_states"].get("backend", "hf") == "sglang"
-HIDDEN_LAUNCHER = (
-    f"torchrun --standalone --nproc-per-node {HIDDEN_GPUS}"
-    if HIDDEN_SGLANG
-    else "python"
-)
 HIDDEN_ENV = "../envs/sglang.yaml" if HIDDEN_SGLANG else "../envs/cpu.yaml"
 # What the heavy rules' cluster jobs ask for; other jobs take the profile's default-resources.
 JOB_RESOURCES = config["resources"]["jobs"]
 PROBE_SETTINGS = {p: wf.as_json(wf.probe_settings(config, p)) for p in PARTITIONS}
+# Run-only settings reach the jobs through the environment, which Snakemake's rerun triggers never
+# compare (they compare params, the shell template, input paths and the software env) and which
+# .snakemake/ does not record. Every process that parses this file sets it, a cluster job's too;
+# each job writes them to its log.
+os.environ[wf.RUN_SETTINGS_ENV] = wf.as_json(wf.run_settings(config))
 
 
 def get_prompt_outputs(partition):
     return expand("results/{p}/prompts/{s}.jsonl.zst", p=partition, s=shards(partition))
-
-
-def get_server_outputs(kind):
-    """Every server-served shard's `kind` file: prompts, responses or stats."""
-    pattern = {
-        "prompts": "results/{p}/prompts/{s}.jsonl.zst",
-        "responses": "results/{p}/responses/{s}.jsonl.zst",
-        "stats": "results/{p}/responses/{s}.stats.json",
-    }[kind]
-    return [pattern.format(p=p, s=s) for p in SERVER_PARTITIONS for s in shards(p)]
 
 
 def get_response_settings(wildcards):
@@ -159,5 +152,21 @@ def get_slurm_requests():
     ]
 
 
+def stop_shared_server():
+    """Where Snakemake runs on the server's node, the run's end stops it at once (else: when idle)."""
+    if SERVER_PARTITIONS:
+        from eagle3_datagen.backends.sglang.shared import request_stop
+
+        request_stop(SERVER_URL)
+
+
 onstart:
     check_slurm_requests()
+
+
+onsuccess:
+    stop_shared_server()
+
+
+onerror:
+    stop_shared_server()

@@ -19,7 +19,6 @@ rule hidden_states:
         runtime=JOB_RESOURCES["hidden_states"]["runtime"],
     params:
         settings=HIDDEN_SETTINGS,
-        launcher=HIDDEN_LAUNCHER,
     shell:
-        "{params.launcher} scripts/hidden_states.py --tokens {input.tokens} --out {output} "
+        "python scripts/hidden_states.py --tokens {input.tokens} --out {output} "
         "--settings {params.settings:q} --threads {threads} > {log} 2>&1"

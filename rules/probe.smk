@@ -15,4 +15,5 @@ rule probe:
         settings=get_probe_settings,
     shell:
         "python scripts/probe.py --hidden {input.hidden} --partition {wildcards.partition} "
-        "--out {output} --settings {params.settings:q} --threads {threads} > {log} 2>&1"
+        "--out {output} --settings {params.settings:q} "
+        "--threads {threads} > {log} 2>&1"

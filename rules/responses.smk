@@ -1,3 +1,6 @@
+# One job per shard, every backend. The shard jobs of partitions that a launched SGLang server
+# answers (responses_sglang_server) share one server per node (backends/sglang/shared.py): it is
+# no job's input or output, so adding a partition or a shard reschedules no finished shard.
 rule responses:
     input:
         prompts="results/{partition}/prompts/{shard}.jsonl.zst",
@@ -21,37 +24,21 @@ rule responses:
         slurm_partition=get_response_slurm_partition,
     params:
         settings=get_response_settings,
+        server_log=SERVER_LOG,
     shell:
         "python scripts/responses.py --prompts {input.prompts} --out {output.responses} "
-        "--stats {output.stats} --settings {params.settings:q} --threads {threads} > {log} 2>&1"
+        "--stats {output.stats} --server-log {params.server_log} --settings {params.settings:q} "
+        "--threads {threads} > {log} 2>&1"
 
 
-if SERVER_PARTITIONS:
-
-    rule responses_sglang_server:
-        input:
-            prompts=get_server_outputs("prompts"),
-            model=MODEL_INPUT,
-        output:
-            responses=get_server_outputs("responses"),
-            stats=get_server_outputs("stats"),
-        log:
-            job="logs/sglang_server/responses.log",
-            server="logs/sglang_server/server.log",
-        benchmark:
-            "benchmarks/sglang_server/responses.tsv"
-        conda:
-            "../envs/sglang.yaml"
-        threads: 8
-        resources:
-            gpu=config["resources"]["gpus_per_node"],
-            slurm_partition="gpu",
-            mem_mb=JOB_RESOURCES["responses_sglang_server"]["mem_mb"],
-            cpus_per_task=JOB_RESOURCES["responses_sglang_server"]["cpus_per_task"],
-            runtime=JOB_RESOURCES["responses_sglang_server"]["runtime"],
-        params:
-            settings=RESPONSE_SETTINGS[SERVER_PARTITIONS[0]],
-        shell:
-            "python scripts/responses.py --prompts {input.prompts} --out {output.responses} "
-            "--stats {output.stats} --server-log {log.server} --settings {params.settings:q} "
-            "--threads {threads} > {log.job} 2>&1"
+use rule responses as responses_sglang_server with:
+    wildcard_constraints:
+        partition=("|".join(SERVER_PARTITIONS) if SERVER_PARTITIONS else "NO_PARTITION"),
+    # Before the capture jobs that want the same GPUs: every ready shard, then the server stops.
+    priority: 10
+    resources:
+        gpu=config["resources"]["gpus_per_node"],
+        slurm_partition="gpu",
+        mem_mb=JOB_RESOURCES["responses_sglang_server"]["mem_mb"],
+        cpus_per_task=JOB_RESOURCES["responses_sglang_server"]["cpus_per_task"],
+        runtime=JOB_RESOURCES["responses_sglang_server"]["runtime"],

@@ -1,5 +1,8 @@
 #!/usr/bin/env python
-"""Capture EAGLE-3 auxiliary and final hidden states for one token shard."""
+"""Capture EAGLE-3 auxiliary and final hidden states for one token shard.
+
+With the sglang backend, the script runs itself again under torchrun, one tensor-parallel rank per GPU.
+"""
 
 from eagle3_datagen import cli
 from eagle3_datagen.stages.hidden import run_hidden
@@ -10,7 +13,8 @@ def main() -> None:
     p.add_argument("--tokens", required=True)
     p.add_argument("--out", required=True, help="shard directory to create")
     args = p.parse_args()
-    cli.setup(args)
+    cli.setup(args, "hidden_states")
+    cli.relaunch_under_torchrun(args)
     model = args.settings["model"]
     run_hidden(args.tokens, args.out, model["path"], model, args.settings["hidden_states"])
 

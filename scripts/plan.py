@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Plan a run without calling any model: per partition that `snakemake -n` would regenerate,
-prompts, prompt and completion tokens, OpenRouter cost, GPU hours and hidden-state bytes.
+prompts, prompt and completion tokens, OpenRouter cost, GPU hours and hidden-state bytes, and how
+many times each model loads in the planned run and what that costs.
 
 It first builds the prompt shards (cheap, CPU only) so that prompts can be counted and
 tokenized, then reads Snakemake's dry-run to see which partitions are invalidated.
@@ -28,9 +29,9 @@ def main() -> None:
     run_snakemake([*common, "--until", *prompt_rules, "--cores", "2", "--quiet", "all"])
     dry_run = run_snakemake([*common, "-n"])
     # Only counting tokens needs the tokenizer (transformers, torch): --help and Snakemake's calls do not.
-    from eagle3_datagen.reporting.plan import format_plan, make_plan, scheduled_partitions
+    from eagle3_datagen.reporting.plan import format_plan, make_plan, scheduled_jobs, scheduled_partitions
 
-    plan = make_plan(config, sorted(scheduled_partitions(dry_run)))
+    plan = make_plan(config, sorted(scheduled_partitions(dry_run)), jobs=scheduled_jobs(dry_run))
     print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
 
 

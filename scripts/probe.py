@@ -11,7 +11,7 @@ def main() -> None:
     p.add_argument("--partition", required=True)
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    cli.setup(args)
+    cli.setup(args, "probe")
     s = args.settings
     run_probe(
         args.hidden,

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Regenerate the assistant turns of prompt shards with the configured backend.
 
-Several --prompts/--out/--stats triples are answered in turn; with a launched SGLang server,
-one job serves every shard of the partitions that use it.
+Several --prompts/--out/--stats triples are answered in turn. With a launched SGLang server, the
+job uses the node's shared server (started by the first shard job on the node, stopped when idle).
 """
 
 import logging
@@ -19,11 +19,12 @@ def main() -> None:
     p.add_argument("--stats", nargs="+", required=True)
     p.add_argument("--server-log", help="where a launched SGLang server writes its output")
     args = p.parse_args()
-    cli.setup(args)
+    cli.setup(args, "responses")
     if not len(args.prompts) == len(args.out) == len(args.stats):
         p.error("--prompts, --out and --stats need one path per shard each")
     try:
-        run_response_job(list(zip(args.prompts, args.out, args.stats, strict=True)), args.settings, args.server_log)
+        shards = list(zip(args.prompts, args.out, args.stats, strict=True))
+        run_response_job(shards, args.settings, args.server_log, args.run_settings)
     except JobError as e:
         logging.getLogger("responses").error("%s", e)
         sys.exit(1)

@@ -262,15 +262,16 @@ def test_production_configs_dry_run_under_profiles(production_dir, profile, conf
     out = proc.stdout
     jobs = scheduled(out)
     assert sum(r == "hidden_states" for r, _ in jobs) == 32
-    # The hidden stage runs SGLang tensor parallel: one rank per GPU of the node.
-    assert out.count("torchrun --standalone --nproc-per-node 8 scripts/hidden_states.py") == 32
+    # The hidden stage runs SGLang tensor parallel, one rank per GPU of the node: the job relaunches
+    # itself under torchrun with the size from its run-only settings, so the command does not say it.
+    assert out.count("python scripts/hidden_states.py") == 32
     blocks = {b.split(":", 1)[0].strip(): b for b in out.split("\nrule ")[1:]}
     assert re.search(r"\bgpu=8\b", blocks["hidden_states"])
-    if "sglang" in config:  # the config launches the server: one job answers every partition
-        assert sum(r == "responses_sglang_server" for r, _ in jobs) == 1
-        assert sum(r == "responses" for r, _ in jobs) == 0
+    if "sglang" in config:  # the config launches the server: one job per shard, sharing the node's server
+        assert sum(r == "responses_sglang_server" for r, _ in jobs) == 32
         responses = blocks["responses_sglang_server"]
         assert re.search(r"\bgpu=8\b", responses) and "slurm_partition=gpu" in responses
+        assert re.search(r"\bmem_mb=512000\b", responses)
     else:
         assert sum(r == "responses" for r, _ in jobs) == 32
         assert re.search(r"\bgpu=0\b", blocks["responses"]) and "slurm_partition=cpu" in blocks["responses"]
@@ -461,6 +462,8 @@ def test_plan_counts_only_what_a_dry_run_would_regenerate(demo_dir, tmp_path):
     assert alpaca["hidden_bytes"] == tokens * ((3 + 1) * 64 * 2 + 5)  # 3 aux layers + final, hidden 64, bf16
     assert alpaca["hidden_gpu_hours"] == pytest.approx(tokens / 1000 / 3600)
     assert plan["exceeds_free_disk"] is False
+    # one hidden-state job, one capture load; no launched server in the demo
+    assert plan["loads"]["capture_runner"]["loads"] == 1 and plan["loads"]["generation_server"]["loads"] == 0
 
 
 def test_long_jobs_log_progress_as_plain_lines(demo_dir):

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from eagle3_datagen.workflow.settings import RUN_SETTINGS_ENV, merged
+
 
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
@@ -20,17 +22,54 @@ def parser(description: str) -> argparse.ArgumentParser:
         type=json.loads,
         help="the stage's settings as JSON (the workflow passes the validated config section)",
     )
+    p.add_argument(
+        "--run-settings",
+        type=json.loads,
+        help="settings that govern only how the job runs (concurrency, batch sizes, timeouts, budgets) as JSON, "
+        f"merged into --settings (default: this stage's from ${RUN_SETTINGS_ENV}, which the workflow sets)",
+    )
     p.add_argument("--threads", type=int, default=1, help="CPU threads for torch and tokenizers")
     return p
 
 
-def setup(args: argparse.Namespace) -> None:
-    """Log to stderr (a rule's log file) and size thread pools to the job's cores."""
+def setup(args: argparse.Namespace, stage: str | None = None) -> None:
+    """Log to stderr (a rule's log file), size thread pools to the job's cores, and merge the `stage`'s
+    run-only settings into `args.settings`."""
     import torch  # here, not at the top: the status and plan scripts use this module without torch
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    merge_run_settings(args, stage)
     torch.set_num_threads(max(1, args.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if args.threads > 1 else "false")
+
+
+def merge_run_settings(args: argparse.Namespace, stage: str | None) -> None:
+    """Merge the `stage`'s run-only settings (--run-settings, else the workflow's environment) into
+    `args.settings`, once, and log them: they are in no rule's params, so the job's log is their record."""
+    if getattr(args, "run_settings_merged", False):
+        return
+    if args.run_settings is None:
+        args.run_settings = json.loads(os.environ.get(RUN_SETTINGS_ENV) or "{}").get(stage) or {}
+    if args.run_settings:
+        logging.getLogger("settings").info("run settings: %s", json.dumps(args.run_settings, sort_keys=True))
+        args.settings = merged(args.settings, args.run_settings)
+    args.run_settings_merged = True
+
+
+def relaunch_under_torchrun(args: argparse.Namespace) -> None:
+    """With SGLang's capture backend, run this script again under torchrun, one rank per GPU; the ranks
+    never come back here. The tensor-parallel size is a run-only setting, so it is decided here and not in
+    the rule's command. A generation server on the node is stopped first once no job uses it (its GPUs)."""
+    if args.settings["hidden_states"].get("backend") != "sglang" or "LOCAL_RANK" in os.environ:
+        return
+    if args.settings.get("release_server"):
+        from eagle3_datagen.backends.sglang.shared import release
+
+        release(args.settings["release_server"])
+    command = ["torchrun", "--standalone", "--nproc-per-node", str(args.settings["tensor_parallel"]), *sys.argv]
+    logging.getLogger("hidden_states").info("running %s", " ".join(command))
+    sys.stderr.flush()
+    os.execvp(command[0], command)
 
 
 def run_snakemake(args: list[str], retry_when: str | None = None, attempts: int = 3) -> str:

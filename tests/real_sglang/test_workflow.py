@@ -1,16 +1,20 @@
 """The workflow end to end with SGLang doing the model's work: `inference.backend: sglang` (one launched
-`sglang.launch_server` serving every partition) and `hidden_states.backend: sglang` (SGLang's model
-runner under torchrun), on the CPU, nothing stood in.
+`sglang.launch_server` on the node, shared by every shard job) and `hidden_states.backend: sglang`
+(SGLang's model runner under torchrun), on the CPU, nothing stood in.
 
 Snakemake and the CPU stages run in the project's venv as a user's run does; only the server and the
 torchrun ranks run in .venv-sglang, through two small wrappers that set the CPU settings of conftest.
+The demo model is built first and then named as a production model directory, so that adding a
+partition does not refit it (the demo fits its model to every partition).
 """
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +28,9 @@ from eagle3_datagen.formats.hidden_shard import HiddenShard
 from ..conftest import REPO, copy_workflow
 from .conftest import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS, SGLANG_CPU_ENV
 
-PARTITIONS = {"demo_sharegpt": 2, "demo_alpaca": 1}
+PARTITIONS = {"demo_sharegpt": 3, "demo_alpaca": 3}
+ADDED = {"demo_openai": 2}
+SERVER_STARTED = "starting the SGLang server"
 MAIN_VENV_BIN = REPO / ".venv" / "bin"
 
 
@@ -37,38 +43,64 @@ def wrapper(path: Path, target: str) -> Path:
     return path
 
 
+def snakemake_env(work: Path) -> dict:
+    env = {**os.environ, "PATH": f"{work / 'sglang-bin'}:{MAIN_VENV_BIN}:{os.environ['PATH']}"}
+    for key in [*SGLANG_CPU_ENV, "PYTHONDONTWRITEBYTECODE"]:
+        env.pop(key, None)
+    return env
+
+
+# One GPU's worth of the node: the shard jobs and the capture jobs each take it (as on the 8-GPU node).
+SNAKEMAKE = ["--profile", "local", "--resources", "gpu=1", "--configfile"]
+
+
+def snakemake_run(work: Path, config: str, *args: str, check=True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [str(MAIN_VENV_BIN / "snakemake"), *args, *SNAKEMAKE, config],  # --configfile takes every word after it
+        cwd=work,
+        env=snakemake_env(work),
+        capture_output=True,
+        text=True,
+    )
+    if check and proc.returncode != 0:
+        logs = "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for p in sorted((work / "logs").rglob("*.log")))
+        pytest.fail(f"snakemake failed:\n{proc.stderr[-4000:]}\n{logs[-12000:]}")
+    return proc
+
+
+def run_config(partitions: dict) -> dict:
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["partitions"] = {name: {**config["partitions"][name], "shards": n} for name, n in partitions.items()}
+    del config["demo"]  # the model built by the first step, as a production directory
+    config["resources"]["gpus_per_node"] = 1  # one rank: torchrun --nproc-per-node 1
+    config["inference"]["backend"] = "sglang"
+    config["inference"]["sglang"] = {
+        "url": f"http://127.0.0.1:{22000 + os.getpid() % 1000}",
+        "launch": {
+            "command": ["sglang-bin/sglang-python", "-m", "sglang.launch_server"],
+            "args": CPU_LAUNCH_ARGS,
+            "idle_timeout": 600,
+        },
+        "tiers": {"short": {"concurrency": 4}, "long": {"concurrency": 2}},
+    }
+    config["hidden_states"].update(
+        backend="sglang", max_batch_tokens=512, sglang={**CPU_CAPTURE_SETTINGS, "device": "cpu"}
+    )
+    return config
+
+
 @pytest.fixture(scope="module")
 def sglang_run(tmp_path_factory):
     work = copy_workflow(tmp_path_factory.mktemp("sglang-workflow") / "wf")
     bin_dir = work / "sglang-bin"
     bin_dir.mkdir()
     wrapper(bin_dir / "torchrun", "torchrun")
-    server_python = wrapper(bin_dir / "sglang-python", "python")
-    config = yaml.safe_load((REPO / "config.yaml").read_text())
-    config["partitions"] = {name: config["partitions"][name] for name in PARTITIONS}
-    config["resources"]["gpus_per_node"] = 1  # one rank: torchrun --nproc-per-node 1
-    config["inference"]["backend"] = "sglang"
-    config["inference"]["sglang"] = {
-        "url": f"http://127.0.0.1:{22000 + os.getpid() % 1000}",
-        "launch": {"command": [str(server_python), "-m", "sglang.launch_server"], "args": CPU_LAUNCH_ARGS},
-    }
-    config["hidden_states"].update(
-        backend="sglang", max_batch_tokens=512, sglang={**CPU_CAPTURE_SETTINGS, "device": "cpu"}
-    )
-    (work / "sglang.yaml").write_text(yaml.safe_dump(config))
-    env = {**os.environ, "PATH": f"{bin_dir}:{MAIN_VENV_BIN}:{os.environ['PATH']}"}
-    for key in [*SGLANG_CPU_ENV, "PYTHONDONTWRITEBYTECODE"]:
-        env.pop(key, None)
-    proc = subprocess.run(
-        [str(MAIN_VENV_BIN / "snakemake"), "--profile", "local", "--configfile", "sglang.yaml"],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        logs = "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for p in sorted((work / "logs").rglob("*.log")))
-        pytest.fail(f"snakemake failed:\n{proc.stderr[-4000:]}\n{logs[-12000:]}")
+    wrapper(bin_dir / "sglang-python", "python")
+    demo = yaml.safe_load((REPO / "config.yaml").read_text())
+    (work / "demo.yaml").write_text(yaml.safe_dump(demo))
+    snakemake_run(work, "demo.yaml", "results/demo/model")
+    (work / "sglang.yaml").write_text(yaml.safe_dump(run_config(PARTITIONS)))
+    snakemake_run(work, "sglang.yaml")
     return work
 
 
@@ -88,7 +120,9 @@ def test_one_server_answered_every_partition_with_greedy_ids(sglang_run):
     tokenizer = load_tokenizer(model_dir)
     template_kwargs = {"enable_thinking": False}
     server_log = (sglang_run / "logs/sglang_server/server.log").read_text()
-    assert server_log.count("Uvicorn running") == 1 or server_log.count("The server is fired up") == 1
+    # 6 shard jobs, one server: started once, and stopped by the first capture job (the node's GPUs)
+    assert server_log.count(SERVER_STARTED) == 1 and server_log.count("The server is fired up") == 1
+    assert server_log.count("no job uses the SGLang server; stopping it") == 1
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
     checked = 0
     for partition in PARTITIONS:
@@ -135,3 +169,58 @@ def test_hidden_states_are_sglang_captures_equal_to_transformers(sglang_run):
         probe = json.loads((sglang_run / f"results/report/{partition}.json").read_text())["probe"]
         assert probe["verdicts"] == {"ok": shards} and probe["last_turn"]["top1_agreement"] >= 0.98
     assert (sglang_run / "results/report/summary.html").stat().st_size > 0
+
+
+def fingerprints(work: Path, partitions: dict) -> dict[str, tuple[int, int]]:
+    """(mtime ns, size) of every finished responses, hidden-state and log file of `partitions`."""
+    paths = [
+        path
+        for partition in partitions
+        for pattern in ("results/{p}/responses/*", "results/{p}/hidden/*/index.json", "logs/{p}/responses/*")
+        for path in work.glob(pattern.format(p=partition))
+    ]
+    return {str(p.relative_to(work)): (p.stat().st_mtime_ns, p.stat().st_size) for p in paths}
+
+
+def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run):
+    """After the 2 x 3 run: a third partition is generated alone, by one more server start, and a
+    run killed with -9 after its first shard keeps that shard when rerun."""
+    work = sglang_run
+    finished = fingerprints(work, PARTITIONS)
+    (work / "added.yaml").write_text(yaml.safe_dump(run_config({**PARTITIONS, **ADDED})))
+    dry = snakemake_run(work, "added.yaml", "-n").stdout
+    jobs = [(b.split(":", 1)[0].strip(), b) for b in dry.split("\nrule ")[1:]]
+    responses = [b for rule, b in jobs if rule == "responses_sglang_server"]
+    assert len(responses) == 2 and all("partition=demo_openai" in b for b in responses)
+    assert not any(f"partition={p}" in b for _, b in jobs for p in PARTITIONS)
+
+    first = work / "results/demo_openai/responses/00000.jsonl.zst"
+    run = subprocess.Popen(
+        [str(MAIN_VENV_BIN / "snakemake"), *SNAKEMAKE, "added.yaml"],
+        cwd=work,
+        env=snakemake_env(work),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 900
+    while not first.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert first.exists(), "the first shard of the added partition never finished"
+    os.killpg(run.pid, signal.SIGKILL)  # Snakemake and its jobs; the server's supervisor is its own session
+    run.wait()
+    kept = fingerprints(work, ADDED)
+    snakemake_run(work, "added.yaml", "--unlock")
+    snakemake_run(work, "added.yaml")
+
+    after = fingerprints(work, {**PARTITIONS, **ADDED})
+    assert {k: after[k] for k in finished} == finished  # no finished shard of the first run touched
+    shard0 = [k for k in kept if "/00000" in k]
+    assert shard0 and {k: after[k] for k in shard0} == {k: kept[k] for k in shard0}
+    server_log = (work / "logs/sglang_server/server.log").read_text()
+    # one start for the first run, one for the added partition: the rerun after the kill used the
+    # server that outlived it
+    assert server_log.count(SERVER_STARTED) == 2
+    rows_added = [r for s in range(2) for r in read_jsonl(work / f"results/demo_openai/responses/{s:05d}.jsonl.zst")]
+    prompts_added = [r for s in range(2) for r in read_jsonl(work / f"results/demo_openai/prompts/{s:05d}.jsonl.zst")]
+    assert [r["id"] for r in rows_added] == [p["id"] for p in prompts_added]

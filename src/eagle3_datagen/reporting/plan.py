@@ -5,6 +5,10 @@ hidden-state jobs are scheduled), so the plan agrees with `snakemake -n`. Prompt
 counted by rendering each prompt with the model's own chat template; completion tokens are
 estimated from the configured max tokens (an upper bound) or, when earlier response shards
 exist, from their observed completion tokens per turn. No model is loaded or called.
+
+It also counts how often each big model loads in the planned run: the generation server once per
+run on the node when any scheduled shard needs it (the shard jobs share it), the capture runner once
+per scheduled hidden-state job, each at `plan.load_seconds` or what a first run's logs measured.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import re
 import shutil
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
@@ -19,21 +24,65 @@ from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import iter_jsonl, read_json
 from eagle3_datagen.formats.hidden_codec import Codec
 from eagle3_datagen.formats.hidden_shard import resolve_aux_layers
-from eagle3_datagen.workflow.settings import inference_backend, shard_names
+from eagle3_datagen.workflow.settings import inference_backend, served_by_launched_server, shard_names
 
 
-def scheduled_partitions(dry_run_output: str, rules: tuple[str, ...] = ("responses", "hidden_states")) -> set[str]:
-    """Partitions with a job of `rules` in a dry-run's listing (`snakemake -n`)."""
-    found = set()
+def scheduled_jobs(dry_run_output: str) -> list[tuple[str, str | None]]:
+    """(rule, partition or None) of every job in a dry-run's listing (`snakemake -n`)."""
+    jobs = []
     for block in dry_run_output.split("\nrule ")[1:]:
-        rule = block.split(":", 1)[0].strip()
-        if rule == "responses_sglang_server":  # one job for many partitions: read them off its outputs
-            found.update(re.findall(r"results/([\w.-]+)/responses/", block.split("log:")[0]))
-        elif rule in rules:
-            match = re.search(r"wildcards: partition=([\w.-]+)", block)
-            if match:
-                found.add(match.group(1))
-    return found
+        match = re.search(r"wildcards: partition=([\w.-]+)", block)
+        jobs.append((block.split(":", 1)[0].strip(), match.group(1) if match else None))
+    return jobs
+
+
+RESPONSE_RULES = ("responses", "responses_sglang_server")
+
+
+def scheduled_partitions(dry_run_output: str, rules: tuple[str, ...] = (*RESPONSE_RULES, "hidden_states")) -> set[str]:
+    """Partitions with a job of `rules` in a dry-run's listing (`snakemake -n`)."""
+    return {p for rule, p in scheduled_jobs(dry_run_output) if rule in rules and p}
+
+
+DEFAULT_LOAD_SECONDS = {"generation_server": 600.0, "capture_runner": 600.0}
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+
+
+def _stamp(line: str) -> datetime | None:
+    match = _STAMP.match(line)
+    return datetime.strptime(f"{match[1]}.{match[2]}", "%Y-%m-%d %H:%M:%S.%f") if match else None
+
+
+def measured_server_loads(server_log: Path) -> list[float]:
+    """Seconds from each start of the generation server to its first healthy answer, from its log."""
+    loads, started = [], None
+    for line in server_log.read_text(errors="replace").splitlines() if server_log.exists() else []:
+        if "starting the SGLang server" in line:
+            started = _stamp(line)
+        elif "SGLang server healthy" in line and started and (at := _stamp(line)):
+            loads.append((at - started).total_seconds())
+            started = None
+    return loads
+
+
+def plan_loads(config: dict, jobs: list[tuple[str, str | None]], logs: str | Path = "logs") -> dict:
+    """Per model: how many times the planned run loads it, seconds per load (and their basis), hours."""
+    served = {p for p in config["partitions"] if served_by_launched_server(config, p)}
+    counts = {
+        # the shard jobs on the node share one server; under SLURM, one per allocation (README)
+        "generation_server": int(any(rule in RESPONSE_RULES and p in served for rule, p in jobs)),
+        # every hidden-state job starts its own runner and loads the model
+        "capture_runner": sum(rule == "hidden_states" for rule, _ in jobs),
+    }
+    configured = {**DEFAULT_LOAD_SECONDS, **((config.get("plan") or {}).get("load_seconds") or {})}
+    measured = {"generation_server": measured_server_loads(Path(logs) / "sglang_server" / "server.log")}
+    loads = {}
+    for model, count in counts.items():
+        seen = measured.get(model)
+        seconds = sum(seen) / len(seen) if seen else configured[model]
+        basis = f"measured, mean of {len(seen)} in logs/" if seen else "plan.load_seconds"
+        loads[model] = {"loads": count, "seconds_each": seconds, "basis": basis, "hours": count * seconds / 3600}
+    return loads
 
 
 @dataclass
@@ -140,7 +189,14 @@ def plan_partition(config: dict, partition: str, tokenizer, results: Path) -> Pa
     )
 
 
-def make_plan(config: dict, partitions: list[str], results: str | Path = "results") -> dict:
+def make_plan(
+    config: dict,
+    partitions: list[str],
+    results: str | Path = "results",
+    jobs: list[tuple[str, str | None]] | None = None,
+    logs: str | Path = "logs",
+) -> dict:
+    """`jobs`: the dry-run's (rule, partition), to count model loads (none counted without them)."""
     results = Path(results)
     tokenizer = load_tokenizer(config["model"]["path"], config["model"].get("trust_remote_code", False))
     rows = [plan_partition(config, p, tokenizer, results) for p in sorted(partitions)]
@@ -156,6 +212,7 @@ def make_plan(config: dict, partitions: list[str], results: str | Path = "result
     return {
         "partitions": [asdict(r) for r in rows],
         "total": total,
+        "loads": plan_loads(config, jobs or [], logs),
         "free_disk_bytes": free,
         "exceeds_free_disk": total["hidden_bytes"] > free,
     }
@@ -192,6 +249,12 @@ def format_plan(plan: dict) -> str:
         f"{_fmt(t['cost_usd'], '$')} | {_fmt(t['generation_gpu_hours'])} | {_fmt(t['hidden_gpu_hours'])} | "
         f"{_fmt(t['hidden_bytes'], 'bytes')} |"
     )
+    lines += ["", "| model | loads | seconds each (basis) | load hours |", "|---|---|---|---|"]
+    for model, load in plan["loads"].items():
+        lines.append(
+            f"| {model.replace('_', ' ')} | {load['loads']} | {_fmt(load['seconds_each'])} ({load['basis']}) | "
+            f"{_fmt(load['hours'])} |"
+        )
     if not plan["partitions"]:
         lines.append("\nNothing to regenerate: every partition is up to date.")
     if plan["exceeds_free_disk"]:

@@ -24,6 +24,177 @@ def inference_backend(config: dict, partition: str) -> str:
     return config["partitions"][partition].get("backend") or config["inference"]["backend"]
 
 
+OUTPUT = "output"  # shapes the stage's output: in the rule's params, so a change reruns the stage
+RUN = "run"  # governs only how the job runs: read at run time, a change reschedules nothing
+
+# Every config key's kind, by its path in the schema (`*`: any partition's name). One table, so
+# that a key the schema gains without an entry here fails tests/test_settings.py.
+# Ambiguous keys, decided: what changes float bits but not meaning (tensor-parallel size, batch
+# size, device, packing of prefill batches) is RUN, and the job records it in its provenance.
+KINDS: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            "model.path",
+            "model.trust_remote_code",
+            "model.chat_template_kwargs",
+            "model.special_tokens.end_of_turn",
+            "model.special_tokens.think_start",
+            "model.special_tokens.think_end",
+            "model.special_tokens.expected_ids",
+            "partitions.*.source",
+            "partitions.*.format",
+            "partitions.*.shards",
+            "partitions.*.backend",
+            "partitions.*.max_prompts",
+            "partitions.*.system_prompt",
+            "inference.backend",
+            "inference.sampling.max_new_tokens",
+            "inference.sampling.temperature",
+            "inference.sampling.top_p",
+            "inference.sampling.top_k",
+            "inference.sampling.seed",
+            "inference.hf.dtype",
+            "inference.sglang.served_model",
+            # the server's flags that change what it returns (parsers, quantization, context length)
+            "inference.sglang.launch.args",
+            "inference.sglang.tiers.short.max_tokens",
+            "inference.sglang.tiers.short.max_prompt_tokens",
+            "inference.sglang.tiers.long.max_tokens",
+            "inference.openrouter.base_url",
+            "inference.openrouter.model",
+            "inference.openrouter.max_tokens",
+            "inference.openrouter.reasoning",
+            "inference.openrouter.provider",
+            "tokens.thinking",
+            "tokens.prefer_ids",
+            "tokens.keep_truncated",
+            "tokens.max_length",
+            "tokens.length_policy",
+            "tokens.max_semantic_mismatch_rate",
+            "tokens.audit_examples",
+            "hidden_states.backend",
+            "hidden_states.aux_layers",
+            "hidden_states.final",
+            "hidden_states.dtype",
+            "hidden_states.scales",
+            "hidden_states.scale_block",
+            "hidden_states.reference_positions",
+            "hidden_states.shard_bytes",
+            "hidden_states.compress",
+            "hidden_states.compress_level",
+            "hidden_states.max_nonfinite_fraction",
+            "hidden_states.hf.dtype",
+            "hidden_states.sglang.dtype",
+            "hidden_states.sglang.server_args",
+            "export.formats",
+            "vocab_mapping.draft_vocab_size",
+            "probe.max_positions",
+            "probe.min_greedy_agreement",
+            "probe.first_positions",
+            "probe.min_first_agreement",
+            "probe.min_mean_logprob",
+            "probe.report_positions",
+            "probe.seed",
+            "probe.max_agreement_drop",
+        ],
+        OUTPUT,
+    ),
+    **dict.fromkeys(
+        [
+            "inference.hf.batch_size",
+            "inference.hf.device",
+            # a stop at the budget keeps the journal; a raised budget continues from it
+            "inference.token_budget",
+            "inference.sglang.url",
+            "inference.sglang.request_timeout",
+            "inference.sglang.health_timeout",
+            "inference.sglang.launch.command",
+            "inference.sglang.launch.run_args",
+            "inference.sglang.launch.health_timeout",
+            "inference.sglang.launch.stop_timeout",
+            "inference.sglang.launch.idle_timeout",
+            "inference.sglang.tiers.short.concurrency",
+            "inference.sglang.tiers.long.concurrency",
+            "inference.sglang.retry.max_attempts",
+            "inference.sglang.retry.initial_backoff",
+            "inference.sglang.retry.max_backoff",
+            "inference.sglang.retry.max_retry_after",
+            "inference.openrouter.api_key_env",
+            "inference.openrouter.concurrency",
+            "inference.openrouter.request_timeout",
+            "inference.openrouter.max_cost_usd",
+            "inference.openrouter.price_per_million.prompt",
+            "inference.openrouter.price_per_million.completion",
+            "inference.openrouter.retry.max_attempts",
+            "inference.openrouter.retry.initial_backoff",
+            "inference.openrouter.retry.max_backoff",
+            "inference.openrouter.retry.max_retry_after",
+            "hidden_states.max_batch_tokens",
+            "hidden_states.hf.device",
+            "hidden_states.sglang.device",
+            "hidden_states.sglang.mem_fraction_static",
+            "probe.device",
+            "plan.throughput.generate_tokens_per_s",
+            "plan.throughput.prefill_tokens_per_s",
+            "plan.model.num_layers",
+            "plan.model.hidden_size",
+            "plan.load_seconds.generation_server",
+            "plan.load_seconds.capture_runner",
+            # the tensor-parallel size of SGLang's server and capture runner
+            "resources.gpus_per_node",
+            "resources.jobs.hidden_states.mem_mb",
+            "resources.jobs.hidden_states.cpus_per_task",
+            "resources.jobs.hidden_states.runtime",
+            "resources.jobs.responses_sglang_server.mem_mb",
+            "resources.jobs.responses_sglang_server.cpus_per_task",
+            "resources.jobs.responses_sglang_server.runtime",
+        ],
+        RUN,
+    ),
+}
+# The demo model is an output of its own rule: every setting of it shapes it.
+DEMO_PREFIX = "demo."
+
+
+def kind_of(path: str) -> str:
+    """The kind of the config key at dotted `path` (a partition's name in place of `*`)."""
+    parts = path.split(".")
+    if parts[0] == "partitions" and len(parts) > 2:
+        parts[1] = "*"
+    key = ".".join(parts)
+    if key.startswith(DEMO_PREFIX):
+        return OUTPUT
+    if key not in KINDS:
+        raise KeyError(f"config key {key!r} is not classified in eagle3_datagen.workflow.settings.KINDS")
+    return KINDS[key]
+
+
+def split(section: dict | None, path: str) -> tuple[dict, dict]:
+    """`section` (the config at dotted `path`) as its output-shaping and its run-only settings."""
+    output, run = {}, {}
+    for key, value in (section or {}).items():
+        sub = f"{path}.{key}"
+        if isinstance(value, dict) and not _is_leaf(sub):
+            out_part, run_part = split(value, sub)
+            if out_part:
+                output[key] = out_part
+            if run_part:
+                run[key] = run_part
+        elif kind_of(sub) == OUTPUT:
+            output[key] = value
+        else:
+            run[key] = value
+    return output, run
+
+
+def _is_leaf(path: str) -> bool:
+    try:
+        kind_of(path)
+    except KeyError:
+        return False
+    return True
+
+
 def prompt_settings(config: dict, partition: str) -> dict:
     """The prompts rule's settings. Keys at their defaults are left out, so that a config written
     before they existed keeps its params (and its finished prompts are not rescheduled)."""
@@ -59,30 +230,59 @@ def model_settings(config: dict) -> dict:
 
 
 def response_settings(config: dict, partition: str) -> dict:
+    """What shapes the partition's responses: its backend, sampling, that backend's output settings."""
     backend = inference_backend(config, partition)
     inference = config["inference"]
     return {
         "backend": backend,
         "sampling": inference["sampling"],
-        backend: inference.get(backend) or {},
-        "token_budget": inference.get("token_budget"),
+        backend: split(inference.get(backend), f"inference.{backend}")[0],
         "model": model_settings(config),
     }
 
 
+def response_run_settings(config: dict) -> dict:
+    """What governs a responses job, for every backend (a job reads its own backend's)."""
+    inference = config["inference"]
+    run = {b: split(inference.get(b), f"inference.{b}")[1] for b in BACKENDS}
+    return {"token_budget": inference.get("token_budget"), **run}
+
+
 def served_by_launched_server(config: dict, partition: str) -> bool:
-    """Partitions whose responses come from the SGLang server one job launches for all of them."""
+    """Partitions whose responses come from the SGLang server the workflow launches for them."""
     return inference_backend(config, partition) == "sglang" and bool(
         (config["inference"].get("sglang") or {}).get("launch")
     )
 
 
+def server_url(config: dict) -> str:
+    return (config["inference"].get("sglang") or {}).get("url", "http://localhost:8000")
+
+
 def token_settings(config: dict) -> dict:
-    return {"tokens": config["tokens"], "model": model_settings(config)}
+    return {"tokens": split(config["tokens"], "tokens")[0], "model": model_settings(config)}
 
 
 def hidden_settings(config: dict) -> dict:
-    return {"hidden_states": config["hidden_states"], "model": model_settings(config)}
+    """What shapes hidden states; of the backends' own sections, only the configured backend's."""
+    hidden = dict(config["hidden_states"])
+    backend = hidden.get("backend", "hf")
+    for other in ("hf", "sglang"):
+        if other != backend:
+            hidden.pop(other, None)
+    return {"hidden_states": split(hidden, "hidden_states")[0], "model": model_settings(config)}
+
+
+def hidden_run_settings(config: dict) -> dict:
+    """The capture's run-only settings, its tensor-parallel size, and the generation server it must stop
+    first to have the node's GPUs (when both run on them)."""
+    gpus = gpus_for(config, "hidden_states")
+    served = any(served_by_launched_server(config, p) for p in config["partitions"])
+    return {
+        "hidden_states": split(config["hidden_states"], "hidden_states")[1],
+        "tensor_parallel": gpus or 1,
+        "release_server": server_url(config) if served and gpus else None,
+    }
 
 
 def probe_settings(config: dict, partition: str) -> dict:
@@ -94,11 +294,35 @@ def probe_settings(config: dict, partition: str) -> dict:
         and config["tokens"].get("prefer_ids", "server") == "server"
     )
     return {
-        "probe": config.get("probe") or {},
+        "probe": split(config.get("probe"), "probe")[0],
         "backend": backend,
         "greedy_exact": greedy_exact,
         "model": {"path": config["model"]["path"]},
     }
+
+
+def probe_run_settings(config: dict) -> dict:
+    return {"probe": split(config.get("probe"), "probe")[1]}
+
+
+RUN_SETTINGS_ENV = "EAGLE3_DATAGEN_RUN_SETTINGS"
+
+
+def run_settings(config: dict) -> dict:
+    """Every stage's run-only settings, by the name its job asks for them under."""
+    return {
+        "responses": response_run_settings(config),
+        "hidden_states": hidden_run_settings(config),
+        "probe": probe_run_settings(config),
+    }
+
+
+def merged(settings: dict, run: dict) -> dict:
+    """A job's settings: the rule's output-shaping ones with the run-only ones read at run time."""
+    out = dict(settings)
+    for key, value in run.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def uses_gpu(config: dict, stage: str, partition: str | None = None) -> bool:

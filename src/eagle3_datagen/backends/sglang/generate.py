@@ -11,9 +11,7 @@ tokens), longer ones through the long tier.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from eagle3_datagen.backends.base import RetryableError, ServerError, Turn
 from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
 from eagle3_datagen.backends.rendered import RenderedChat
-from eagle3_datagen.backends.sglang.server import DEFAULT_URL
+from eagle3_datagen.backends.sglang.server import DEFAULT_URL, wait_healthy
 
 log = logging.getLogger(__name__)
 
@@ -85,29 +83,19 @@ class SGLangBackend:
             "backend": self.name,
             "model": self.model,
             "sampling": self.sampling,
-            "tiers": [self.short.__dict__, self.long.__dict__],
+            # not the tiers' concurrency: a journal resumes under another one
+            "tiers": [{k: v for k, v in t.__dict__.items() if k != "concurrency"} for t in (self.short, self.long)],
             "chat_template_kwargs": self.chat.template_kwargs,
         }
 
     async def __aenter__(self) -> SGLangBackend:
         await self.client.open()
-        await self._wait_healthy()
+        await asyncio.to_thread(wait_healthy, self.url, self.health_timeout)
         await self._check_model()
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.client.close()
-
-    async def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.health_timeout
-        while True:
-            with contextlib.suppress(Exception):
-                status, _ = await self.client.get("/health")
-                if status == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise ServerError(f"no healthy SGLang server at {self.url} after {self.health_timeout} s")
-            await asyncio.sleep(1.0)
 
     async def _check_model(self) -> None:
         _, info = await self.client.get("/model_info")  # 0.5.23 deprecates /get_model_info for it

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -20,29 +21,30 @@ log = logging.getLogger(__name__)
 DEFAULT_URL = "http://localhost:8000"
 
 
-def _wait_started(process: subprocess.Popen, url: str, timeout: float, log_path: str | Path) -> None:
-    """Poll `/health` until the server answers; fail at once if it exits."""
+def wait_healthy(
+    url: str, timeout: float, alive: Callable[[], bool] | None = None, log_path: str | Path | None = None
+) -> None:
+    """Poll `/health` until the server answers 200; fail at once if `alive` (of a server we started) turns false.
+
+    The one health check: the job that launches a server and the backend that waits for one both use it.
+    """
     deadline = time.monotonic() + timeout
-    while process.poll() is None:
+    while alive is None or alive():
         with contextlib.suppress(OSError), urllib.request.urlopen(url.rstrip("/") + "/health", timeout=5) as resp:
             if resp.status == 200:
                 log.info("SGLang server healthy at %s", url)
                 return
         if time.monotonic() > deadline:
-            raise ServerError(f"the SGLang server did not become healthy within {timeout} s; see {log_path}")
+            see = f"; see {log_path}" if log_path else ""
+            raise ServerError(f"no healthy SGLang server at {url} after {timeout} s{see}")
         time.sleep(1.0)
-    tail = Path(log_path).read_text(errors="replace")[-2000:]
-    raise ServerError(f"the SGLang server exited with code {process.returncode} while starting:\n{tail}")
+    tail = Path(log_path).read_text(errors="replace")[-2000:] if log_path else ""
+    raise ServerError(f"the SGLang server exited while starting:\n{tail}")
 
 
-@contextlib.contextmanager
-def launched_server(model_path: str | Path, url: str, launch: dict, log_path: str | Path):
-    """Start `sglang.launch_server` for the duration of the block; stopped on exit or SIGTERM.
-
-    The server runs in its own process group, so stopping it stops its tensor-parallel workers.
-    """
+def server_command(model_path: str | Path, url: str, launch: dict) -> list[str]:
     parsed = urlparse(url)
-    command = [
+    return [
         *launch.get("command", [sys.executable, "-m", "sglang.launch_server"]),
         "--model-path",
         str(model_path),
@@ -51,7 +53,17 @@ def launched_server(model_path: str | Path, url: str, launch: dict, log_path: st
         "--port",
         str(parsed.port or 8000),
         *launch.get("args", []),
+        *launch.get("run_args", []),
     ]
+
+
+@contextlib.contextmanager
+def launched_server(model_path: str | Path, url: str, launch: dict, log_path: str | Path):
+    """Start `sglang.launch_server` for the duration of the block; stopped on exit or SIGTERM.
+
+    The server runs in its own process group, so stopping it stops its tensor-parallel workers.
+    """
+    command = server_command(model_path, url, launch)
     log.info("starting the SGLang server: %s (its output: %s)", " ".join(command), log_path)
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     server_log = open(log_path, "ab")  # noqa: SIM115 - closed in finally, after the server
@@ -63,7 +75,7 @@ def launched_server(model_path: str | Path, url: str, launch: dict, log_path: st
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        _wait_started(process, url, launch.get("health_timeout", 1800), log_path)
+        wait_healthy(url, launch.get("health_timeout", 1800), lambda: process.poll() is None, log_path)
         yield process
     finally:
         signal.signal(signal.SIGTERM, previous)

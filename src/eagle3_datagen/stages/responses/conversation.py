@@ -200,13 +200,20 @@ def throughput(rows: list[dict], seconds: float) -> dict:
 
 
 def run_responses(
-    prompts_path: str | Path, out_path: str | Path, stats_path: str | Path, backend: GenerationBackend
+    prompts_path: str | Path,
+    out_path: str | Path,
+    stats_path: str | Path,
+    backend: GenerationBackend,
+    provenance: dict | None = None,
 ) -> dict:
+    """`provenance`: how the job ran (settings that change float bits, not meaning), kept in the stats."""
     prompts = read_jsonl(prompts_path)
     started = time.monotonic()
     rows = regenerate(prompts, backend)
     write_jsonl_zst(out_path, rows)
     stats = {"backend": backend.name, "model": backend.model, **response_stats(rows)}
     stats["throughput"] = throughput(rows, time.monotonic() - started)
+    if provenance:
+        stats["provenance"] = provenance
     write_json(stats_path, stats)
     return stats

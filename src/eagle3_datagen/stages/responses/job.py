@@ -19,25 +19,31 @@ class JobError(RuntimeError):
 def budgets_from(settings: dict) -> Budgets:
     return Budgets(
         tokens=settings.get("token_budget"),
-        cost_usd=(settings.get("openrouter") or {}).get("max_cost_usd"),
+        cost_usd=(settings.get(settings["backend"]) or {}).get("max_cost_usd"),
     )
 
 
-def run_response_job(shards: list[tuple[str, str, str]], settings: dict, server_log: str | None = None) -> None:
-    """`shards`: (prompts, out, stats) paths. `settings`: the rule's response settings."""
+def run_response_job(
+    shards: list[tuple[str, str, str]], settings: dict, server_log: str | None = None, run_settings: dict | None = None
+) -> None:
+    """`shards`: (prompts, out, stats) paths. `settings`: the job's response settings (the rule's merged
+    with the run-only ones); `run_settings`: those run-only ones, recorded in each shard's stats."""
     model = settings["model"]
     backend = settings["backend"]
+    provenance = {"run_settings": (run_settings or {}).get(backend) or {}}
     if backend == "hf":
         from eagle3_datagen.backends.hf.generate import HFBackend
 
         hf = HFBackend(model["path"], settings["sampling"], settings["hf"], model)
         for prompts, out, stats in shards:
-            run_responses(prompts, out, stats, hf)
+            run_responses(prompts, out, stats, hf, provenance)
         return
     try:
-        with _server(settings, server_log):
+        with _server(settings, server_log, provenance):
             for prompts, out, stats in shards:
-                result = run_journaled_responses(prompts, out, stats, _api_backend(settings), budgets_from(settings))
+                result = run_journaled_responses(
+                    prompts, out, stats, _api_backend(settings), budgets_from(settings), provenance=provenance
+                )
                 log.info("%s: %s", out, {k: result[k] for k in ("prompts", "status", "usage")})
     except (IncompleteRun, MissingApiKey, ServerError) as e:
         raise JobError(str(e)) from None
@@ -55,12 +61,14 @@ def _api_backend(settings: dict):
     raise JobError(f"unknown inference backend {settings['backend']!r}")
 
 
-def _server(settings: dict, server_log: str | None):
+def _server(settings: dict, server_log: str | None, provenance: dict):
+    """The node's shared SGLang server when the config launches one (every shard job on the node uses it)."""
     sglang = settings.get("sglang") or {}
     if settings["backend"] != "sglang" or not sglang.get("launch"):
         return contextlib.nullcontext()
-    from eagle3_datagen.backends.sglang.server import DEFAULT_URL, launched_server
+    from eagle3_datagen.backends.sglang.server import DEFAULT_URL, server_command
+    from eagle3_datagen.backends.sglang.shared import shared_server
 
-    return launched_server(
-        settings["model"]["path"], sglang.get("url", DEFAULT_URL), sglang["launch"], server_log or "sglang-server.log"
-    )
+    url, model_path = sglang.get("url", DEFAULT_URL), settings["model"]["path"]
+    provenance["server_command"] = server_command(model_path, url, sglang["launch"])
+    return shared_server(model_path, url, sglang["launch"], server_log or "sglang-server.log")

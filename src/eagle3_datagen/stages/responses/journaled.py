@@ -122,7 +122,9 @@ def run_journaled_responses(
     backend: AsyncGenerationBackend,
     budgets: Budgets,
     progress_interval: float = 30.0,
+    provenance: dict | None = None,
 ) -> dict:
+    """`provenance`: how the job ran (settings that change float bits, not meaning), kept in the stats."""
     prompts = read_jsonl(prompts_path)
     fingerprint = json.dumps(backend.fingerprint(), sort_keys=True)
     journal = Journal(journal_path(out_path), fingerprint)
@@ -142,6 +144,8 @@ def run_journaled_responses(
     stats = {"backend": backend.name, "model": backend.model, **response_stats(rows)}
     stats["throughput"] = throughput([r for r in rows if r["id"] not in resumed], time.monotonic() - started)
     stats["failed"] = {r["id"]: r["error"] for r in rows if r["status"] == "failed"}
+    if provenance:
+        stats["provenance"] = provenance
     write_json(stats_path, stats)
     journal.remove()
     return stats

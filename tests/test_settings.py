@@ -1,0 +1,354 @@
+"""Which config keys shape outputs and which only govern the run: the table, and what a change schedules."""
+
+import copy
+import json
+import os
+import sys
+
+import pytest
+import yaml
+
+from eagle3_datagen.workflow import settings as wf
+
+from .conftest import REPO, copy_workflow, snakemake
+from .test_workflow import scheduled
+
+SCHEMA = yaml.safe_load((REPO / "schemas" / "config.schema.yaml").read_text())
+
+
+def schema_keys(node: dict = SCHEMA, path: str = "") -> dict[str, dict]:
+    """Every leaf key of the schema by dotted path (`*` for a partition's name), with its schema.
+
+    An object is descended into when its keys are closed (additionalProperties false, or named
+    by an enum); an open object (template kwargs, provider routing, server flags) is one key.
+    """
+    if "$ref" in node:
+        node = SCHEMA["$defs"][node["$ref"].rsplit("/", 1)[1]]
+    props = node.get("properties")
+    closed = node.get("additionalProperties") is False or "enum" in node.get("propertyNames", {})
+    if props and closed:
+        keys = {}
+        for name, sub in props.items():
+            keys |= schema_keys(sub, f"{path}.{name}" if path else name)
+        return keys
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict) and extra.get("properties"):
+        return schema_keys(extra, f"{path}.*")
+    return {path: node}
+
+
+KEYS = schema_keys()
+DEMO_KEYS = {k for k in KEYS if k.startswith(wf.DEMO_PREFIX)}
+
+
+def test_every_schema_key_has_a_kind_and_the_table_names_no_other():
+    unclassified = sorted(set(KEYS) - set(wf.KINDS) - DEMO_KEYS)
+    assert not unclassified, f"classify these in eagle3_datagen.workflow.settings.KINDS: {unclassified}"
+    assert not sorted(set(wf.KINDS) - set(KEYS)), "KINDS names keys the schema does not have"
+    assert set(wf.KINDS.values()) == {wf.OUTPUT, wf.RUN}
+    assert wf.kind_of("partitions.B1_glaive.shards") == wf.OUTPUT
+    with pytest.raises(KeyError, match="hidden_states.new_knob"):
+        wf.kind_of("hidden_states.new_knob")
+
+
+def test_params_carry_no_run_only_setting_and_the_job_gets_both():
+    config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
+    config["inference"]["token_budget"] = 10**9
+    params = json.dumps([wf.response_settings(config, "B1_glaive"), wf.hidden_settings(config)])
+    for run_only in ('"concurrency"', '"run_args"', '"max_batch_tokens"', '"mem_fraction_static"', '"token_budget"'):
+        assert run_only not in params
+    run = wf.response_run_settings(config)
+    job = wf.merged(wf.response_settings(config, "B1_glaive"), run)
+    assert job["sglang"]["tiers"]["short"] == {"max_prompt_tokens": 4096, "concurrency": 256, "max_tokens": 8192}
+    assert job["sglang"]["launch"]["run_args"] == ["--tp", "8"] and job["token_budget"] == 10**9
+    hidden = wf.merged(wf.hidden_settings(config), wf.hidden_run_settings(config))
+    assert hidden["hidden_states"]["max_batch_tokens"] == 65536 and hidden["tensor_parallel"] == 8
+    assert hidden["hidden_states"]["sglang"] == {"mem_fraction_static": 0.8}
+    with pytest.raises(KeyError, match="inference.sglang.tiers.short.typo"):
+        wf.split({"tiers": {"short": {"typo": 1}}}, "inference.sglang")
+
+
+# The rules each stage's change may schedule: the stage and what depends on it.
+AFTER = {
+    "prompts": {"prompts", "responses", "tokens", "hidden_states", "probe", "export", "vocab_mapping"},
+    "responses": {"responses", "tokens", "hidden_states", "probe", "export", "vocab_mapping"},
+    "tokens": {"tokens", "hidden_states", "probe", "export", "vocab_mapping"},
+    "hidden_states": {"hidden_states", "probe", "export"},
+    "probe": {"probe"},
+    "vocab_mapping": {"vocab_mapping"},
+    "export": {"export"},
+}
+SUMMARIES = {"partition_summary", "summary", "all"}
+DEMO_PARTITIONS = {"demo_sharegpt", "demo_openai", "demo_alpaca"}
+
+
+def scope(key: str) -> tuple[str, set[str] | None]:
+    """(the stage a change of `key` must schedule, the partitions it may touch; None: any)."""
+    if key.startswith("demo.") or key in ("model.path", "partitions.*.format"):
+        return "build_demo_model", None  # the demo model is built from these and everything reads it
+    if key.startswith("partitions."):
+        return ("prompts" if key != "partitions.*.backend" else "responses"), {"demo_alpaca"}
+    stage = key.split(".")[0]
+    if stage == "inference":
+        backend = key.split(".")[1]
+        parts = {"hf": DEMO_PARTITIONS, "sglang": {"cov_sglang"}, "openrouter": {"cov_openrouter"}}
+        return "responses", parts.get(backend, DEMO_PARTITIONS if key == "inference.backend" else None)
+    if stage == "model":
+        return "responses", None
+    return {"vocab_mapping": "vocab_mapping", "export": "export"}.get(stage, stage), None
+
+
+def changed(value, schema: dict):
+    """A valid value other than `value`, for a key with this schema."""
+    if "enum" in schema:
+        return next(v for v in schema["enum"] if v != value)
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int) and not isinstance(value, bool) and schema.get("type") == "integer":
+        return value - 1 if value + 1 > schema.get("maximum", value + 1) else value + 1
+    if isinstance(value, (int, float)):
+        return 0.5 if value == 0 else value / 2
+    if isinstance(value, str):
+        return [1, 2] if "oneOf" in schema else value + "X"  # aux_layers: auto or a list
+    if isinstance(value, list):
+        if "enum" in schema.get("items", {}):
+            return [*value, next(v for v in schema["items"]["enum"] if v not in value)]
+        return [*value, "--e3dg-changed"] if all(isinstance(v, str) for v in value) else value[:-1]
+    if isinstance(value, dict):
+        return {**value, "e3dg_changed": 1}
+    raise TypeError(value)
+
+
+def coverage_config(hidden_backend: str) -> dict:
+    """The demo with a partition on each API backend and every schema key set, so each can change."""
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    alpaca = config["partitions"]["demo_alpaca"]
+    alpaca.update(max_prompts=1000, backend="hf")
+    config["partitions"]["cov_openrouter"] = {**alpaca, "shards": 1, "backend": "openrouter"}
+    config["partitions"]["cov_sglang"] = {**alpaca, "shards": 1, "backend": "sglang"}
+    retry = {"max_attempts": 8, "initial_backoff": 1.0, "max_backoff": 60.0, "max_retry_after": 600.0}
+    config["model"]["special_tokens"] = {
+        "end_of_turn": "auto",
+        "think_start": "<think>",
+        "think_end": "</think>",
+        "expected_ids": {"<|im_end|>": 151645},
+    }
+    config["inference"]["sampling"].update(top_p=1.0, top_k=0, seed=0)
+    config["inference"]["token_budget"] = 10**9
+    config["inference"]["sglang"] = {
+        "url": "http://localhost:8000",
+        "served_model": "model",
+        "request_timeout": 3600,
+        "health_timeout": 1800,
+        "launch": {
+            "command": ["python", "-m", "sglang.launch_server"],
+            "args": ["--trust-remote-code"],
+            "run_args": ["--tp", "1"],
+            "health_timeout": 1800,
+            "stop_timeout": 60,
+            "idle_timeout": 120,
+        },
+        "tiers": {
+            "short": {"concurrency": 256, "max_tokens": 48, "max_prompt_tokens": 4096},
+            "long": {"concurrency": 32, "max_tokens": 48},
+        },
+        "retry": dict(retry),
+    }
+    config["inference"]["openrouter"] = {
+        "base_url": "https://openrouter.ai/api/v1",
+        "model": "moonshotai/kimi-k2.5",
+        "api_key_env": "OPENROUTER_API_KEY",
+        "concurrency": 256,
+        "max_tokens": 48,
+        "request_timeout": 900,
+        "reasoning": {"enabled": False},
+        "provider": {"sort": "price"},
+        "max_cost_usd": 10.0,
+        "price_per_million": {"prompt": 0.6, "completion": 3.0},
+        "retry": dict(retry),
+    }
+    config["tokens"].update(audit_examples=5)
+    hidden = config["hidden_states"]
+    hidden.update(
+        backend=hidden_backend,
+        scales="token",
+        scale_block=128,
+        reference_positions=1024,
+        compress="none",
+        compress_level=3,
+        max_nonfinite_fraction=0.0,
+    )
+    if hidden_backend == "sglang":
+        del hidden["hf"]
+        hidden["sglang"] = {"dtype": "auto", "device": "cpu", "mem_fraction_static": 0.85, "server_args": {}}
+    config["export"]["formats"] = ["specforge"]
+    config["probe"] = {
+        "max_positions": 4096,
+        "min_greedy_agreement": 0.98,
+        "first_positions": 4,
+        "min_first_agreement": 0.9,
+        "min_mean_logprob": -3.0,
+        "report_positions": 32,
+        "seed": 0,
+        "max_agreement_drop": 0.005,
+        "device": "cpu",
+    }
+    config["plan"] = {
+        "throughput": {"generate_tokens_per_s": 8000, "prefill_tokens_per_s": 40000},
+        "model": {"num_layers": 8, "hidden_size": 64},
+        "load_seconds": {"generation_server": 600, "capture_runner": 600},
+    }
+    config["resources"] = {
+        "gpus_per_node": 8,
+        "jobs": {
+            job: {"mem_mb": 512000, "cpus_per_task": 32, "runtime": 1440}
+            for job in ("hidden_states", "responses_sglang_server")
+        },
+    }
+    return config
+
+
+def lookup(config: dict, key: str, partition: str = "demo_alpaca"):
+    node = config
+    for part in key.replace("*", partition).split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def with_change(config: dict, key: str, value, partition: str = "demo_alpaca") -> dict:
+    config = copy.deepcopy(config)
+    *parents, last = key.replace("*", partition).split(".")
+    node = config
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    return config
+
+
+@pytest.fixture(scope="module")
+def covered(tmp_path_factory):
+    """The demo widened to every key's backend, its run stood in by `snakemake --touch --forceall`:
+    every output exists (empty) and Snakemake records each job's params, code, input and software env
+    as a run does, which is all that its rerun triggers and a dry-run read (the demo's real run is too
+    slow to repeat per capture backend, and the API backends' partitions need servers). One per
+    capture backend."""
+    runs = {}
+    for backend in ("hf", "sglang"):
+        work = copy_workflow(tmp_path_factory.mktemp(f"cover-{backend}") / "wf")
+        config = coverage_config(backend)
+        (work / "cover.yaml").write_text(yaml.safe_dump(config))
+        listing = snakemake(["-n", "--profile", "profiles/local", "--configfile", "cover.yaml"], work).stdout
+        for line in listing.splitlines():
+            if line.startswith("    output: "):
+                for path in line.removeprefix("    output: ").split(", "):
+                    target = work / path
+                    if "." in target.name:  # a file; directory() outputs are named without a suffix
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        target.touch()
+                    else:
+                        target.mkdir(parents=True, exist_ok=True)
+        # --forceall: a touch of up-to-date outputs runs no job and records nothing
+        snakemake(["--profile", "profiles/local", "--configfile", "cover.yaml", "--touch", "--forceall"], work)
+        assert dry_run(work, config) == []
+        runs[backend] = (work, config)
+    return runs
+
+
+def dry_run(work, config: dict) -> list[tuple[str, str]]:
+    """The jobs `snakemake -n` schedules under `config`, in a fork of this process: Snakemake is imported
+    once here, not for each of the hundred dry-runs."""
+    import snakemake.cli
+
+    (work / "changed.yaml").write_text(yaml.safe_dump(config))
+    out_path = work / "dry-run.out"
+    pid = os.fork()
+    if pid == 0:  # the child: run Snakemake's own command line, never return into pytest
+        code = 1
+        try:
+            os.chdir(work)
+            fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            sys.stdout = sys.stderr = open(1, "w", closefd=False)  # noqa: SIM115 - not pytest's capture
+            snakemake.cli.main(["-n", "--profile", "profiles/local", "--configfile", "changed.yaml"])
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    out = out_path.read_text()
+    assert os.waitstatus_to_exitcode(status) == 0, out[-3000:]
+    assert "Nothing to be done" in out or "Job stats:" in out, out[-3000:]
+    assert "missing provenance" not in out, out[-3000:]  # else the params trigger has nothing to compare
+    return [] if "Nothing to be done" in out else scheduled(out)
+
+
+# Where a key's change cannot be made on the demo: a source is an input file (the input trigger).
+NOT_CHANGED_HERE = {"partitions.*.source"}
+
+
+def keys_of_kind(kind: str) -> list[str]:
+    # an unclassified key fails test_every_schema_key_has_a_kind_and_the_table_names_no_other
+    keys = [k for k in KEYS if k not in NOT_CHANGED_HERE and (wf.OUTPUT if k in DEMO_KEYS else wf.KINDS.get(k)) == kind]
+    demo = yaml.safe_load((REPO / "config.yaml").read_text())["demo"]
+    return sorted(k for k in keys if not k.startswith("demo.") or lookup({"demo": demo}, k) is not None)
+
+
+def baseline_for(covered, key: str):
+    return covered["sglang" if key.startswith(("hidden_states.sglang", "resources.")) else "hf"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("key", keys_of_kind(wf.RUN))
+def test_changing_a_run_only_key_schedules_nothing(covered, key):
+    work, config = baseline_for(covered, key)
+    value = lookup(config, key)
+    assert value is not None, f"coverage_config sets no value for {key}"
+    assert dry_run(work, with_change(config, key, changed(value, KEYS[key]))) == []
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("key", keys_of_kind(wf.OUTPUT))
+def test_changing_an_output_key_schedules_its_stage_and_what_depends_on_it(covered, key):
+    work, config = baseline_for(covered, key)
+    value = lookup(config, key)
+    assert value is not None, f"coverage_config sets no value for {key}"
+    jobs = dry_run(work, with_change(config, key, changed(value, KEYS[key])))
+    stage, partitions = scope(key)
+    # one stage, two rules: the shard jobs of launched-server partitions are responses_sglang_server
+    named = {"responses_sglang_server": "responses"}
+    rules = {"prompts" if r.startswith("prompts_") else named.get(r, r) for r, _ in jobs}
+    if stage == "build_demo_model":
+        assert "build_demo_model" in rules, jobs
+        return
+    assert stage in rules, jobs
+    allowed = AFTER[stage] | SUMMARIES
+    assert rules <= allowed, jobs
+    if partitions is not None:
+        assert {p for _, p in jobs if p} <= partitions, jobs
+
+
+def test_the_plan_counts_one_server_load_and_reads_its_measured_load_time(tmp_path):
+    from eagle3_datagen.reporting.plan import plan_loads
+
+    config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
+    jobs = [(rule, p) for p in ("B1_glaive", "B3_magicoder") for rule in ("responses", "hidden_states") * 16]
+    loads = plan_loads(config, jobs, tmp_path)
+    server = {"loads": 1, "seconds_each": 600.0, "basis": "plan.load_seconds", "hours": 1 / 6}
+    assert loads["generation_server"] == server
+    assert loads["capture_runner"]["loads"] == 32
+    (tmp_path / "sglang_server").mkdir()
+    (tmp_path / "sglang_server" / "server.log").write_text(
+        "2026-12-03 18:00:00,000 INFO eagle3_datagen.backends.sglang.server: starting the SGLang server: ...\n"
+        "[2026-12-03 18:00:05] some SGLang line\n"
+        "2026-12-03 18:04:10,500 INFO eagle3_datagen.backends.sglang.server: SGLang server healthy at http://x\n"
+        "2026-12-03 19:00:00,000 INFO eagle3_datagen.backends.sglang.server: starting the SGLang server: ...\n"
+        "2026-12-03 19:03:59,500 INFO eagle3_datagen.backends.sglang.server: SGLang server healthy at http://x\n"
+    )
+    measured = plan_loads(config, jobs, tmp_path)["generation_server"]
+    assert measured["seconds_each"] == pytest.approx((250.5 + 239.5) / 2) and measured["basis"].startswith("measured")
+    assert plan_loads(config, [("tokens", "B1_glaive")], tmp_path)["generation_server"]["loads"] == 0
