@@ -1,7 +1,6 @@
 rule export:
     input:
         hidden=get_partition_hidden_shards,
-        vocab=["results/vocab"] if "vocab_mapping" in config else [],
     output:
         directory("results/{partition}/export/{format}"),
     log:
@@ -11,7 +10,11 @@ rule export:
     conda:
         "../envs/cpu.yaml"
     params:
-        vocab=lambda wildcards, input: f"--vocab {input.vocab}" if input.vocab else "",
+        vocab=(
+            f"--vocab results/vocab --draft-vocab-size {config['vocab_mapping']['draft_vocab_size']}"
+            if "vocab_mapping" in config
+            else ""
+        ),
         model=config["model"]["path"],
     shell:
         "python scripts/export.py --format {wildcards.format} --hidden {input.hidden} "

@@ -12,11 +12,14 @@ def main() -> None:
     p.add_argument("--format", choices=FORMATS, required=True)
     p.add_argument("--hidden", nargs="+", required=True, help="hidden-state shard directories, in order")
     p.add_argument("--out", required=True, help="directory to create")
-    p.add_argument("--vocab", help="the vocab stage's directory (d2t.npy, t2d.npy), copied into a speculators export")
+    p.add_argument("--vocab", help="the vocab stage's directory (d2t.npy, t2d.npy), named in the speculators command")
+    p.add_argument("--draft-vocab-size", type=int, help="entries of that d2t.npy")
     p.add_argument("--model", help="the verifier model directory, named in the speculators training command")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO)
-    logging.getLogger("export").info("%s", export(args.hidden, args.out, args.format, args.vocab, args.model))
+    logging.getLogger("export").info(
+        "%s", export(args.hidden, args.out, args.format, args.vocab, args.model, args.draft_vocab_size)
+    )
 
 
 if __name__ == "__main__":

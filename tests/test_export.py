@@ -72,7 +72,7 @@ def test_speculators_layout_round_trips(tmp_path, shards, tiny_model_dir):
     vocab.mkdir()
     np.save(vocab / "d2t.npy", np.array([3, 3, 5]))
     np.save(vocab / "t2d.npy", np.isin(np.arange(512), [3, 4, 7]))
-    summary = export(shards, tmp_path / "sp", "speculators", vocab, tiny_model_dir)
+    summary = export(shards, tmp_path / "sp", "speculators", vocab, tiny_model_dir, 3)
     assert summary["final"] == "raw" and summary["final_norm_applied"] is False
     rows = datasets.load_from_disk(str(tmp_path / "sp"))  # speculators' ArrowDataset: the same call
     assert rows.format["type"] == "torch" and len(rows) == 12
@@ -89,11 +89,12 @@ def test_speculators_layout_round_trips(tmp_path, shards, tiny_model_dir):
         assert int(rows[index]["seq_len"]) == length
     written = json.loads((tmp_path / "sp" / "export.json").read_text())
     files = written["files"]
-    assert {"README.md", "ids.jsonl", "d2t.npy", "t2d.npy", "hidden_states/hs_11.safetensors"} <= set(files)
+    assert {"README.md", "ids.jsonl", "state.json", "hidden_states/hs_11.safetensors"} <= set(files)
     assert all(file_digest(tmp_path / "sp" / name) == value for name, value in files.items())
     command = written["command"]
     assert f"--data-path {tmp_path / 'sp'}" in command and "--target-layer-ids 2 4 5" in command
-    assert "--draft-vocab-size 3" in command and command in (tmp_path / "sp" / "README.md").read_text()
+    assert f"--draft-vocab-size 3 --d2t-path {vocab / 'd2t.npy'} --t2d-path {vocab / 't2d.npy'}" in command
+    assert command in (tmp_path / "sp" / "README.md").read_text()
 
 
 def test_speculators_export_refuses_normed_final(tmp_path, tiny_model_dir):

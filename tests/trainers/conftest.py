@@ -95,5 +95,5 @@ def captured(tmp_path_factory, verifier_dir) -> dict:
     np.save(vocab / "d2t.npy", d2t)
     np.save(vocab / "t2d.npy", t2d)
     out = root / "export" / "speculators"
-    summary = export(shards, out, "speculators", vocab, verifier_dir)
+    summary = export(shards, out, "speculators", vocab, verifier_dir, DRAFT_VOCAB)
     return {"shards": shards, "export": out, "summary": summary, "samples": samples, "vocab": vocab}

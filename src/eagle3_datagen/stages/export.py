@@ -7,8 +7,8 @@
   Arrow dataset (`datasets.save_to_disk`, torch format) of `input_ids`, `loss_mask` and `seq_len`
   rows in export order, and `hidden_states/hs_{i}.safetensors` for row i with `token_ids` [L] and
   `hidden_states` [L, A+1, H] (auxiliary layers in order, then layer N before the final norm:
-  speculators applies the verifier's norm to that slot itself); `d2t.npy` / `t2d.npy` for its
-  `--d2t-path` / `--t2d-path` when a vocabulary mapping is given; README.md with the command.
+  speculators applies the verifier's norm to that slot itself); README.md with the command, whose
+  `--d2t-path` / `--t2d-path` name the vocab stage's d2t.npy / t2d.npy when there is one.
 
 Both number samples in shard order, write `ids.jsonl` (index -> sample id) so no sample loses its
 source id, and record in `export.json` the final-slot convention and the xxh3-64 checksum of every
@@ -86,7 +86,9 @@ def _speculators(sample: dict, aux_layers: int) -> dict:
     }
 
 
-def speculators_command(out_dir: Path, model_path: str | Path, aux_layers: list[int], draft_vocab: int | None) -> str:
+def speculators_command(
+    out_dir: Path, model_path: str | Path, aux_layers: list[int], vocab_dir: str | Path | None, draft_vocab: int | None
+) -> str:
     """The `speculators train` command that trains an EAGLE-3 draft on this export."""
     args = [
         "speculators",
@@ -104,7 +106,7 @@ def speculators_command(out_dir: Path, model_path: str | Path, aux_layers: list[
     ]
     if draft_vocab is not None:
         args += ["--draft-vocab-size", str(draft_vocab)]
-        args += ["--d2t-path", str(out_dir / "d2t.npy"), "--t2d-path", str(out_dir / "t2d.npy")]
+        args += ["--d2t-path", str(Path(vocab_dir) / "d2t.npy"), "--t2d-path", str(Path(vocab_dir) / "t2d.npy")]
     return shlex.join([*args, "--save-path", "checkpoints/eagle3"])
 
 
@@ -147,9 +149,11 @@ def export(
     fmt: str,
     vocab_dir: str | Path | None = None,
     model_path: str | Path | None = None,
+    draft_vocab_size: int | None = None,
 ) -> dict:
-    """Write `shard_dirs`' samples in order to `out_dir` in `fmt`'s layout; `vocab_dir` (the vocab
-    stage's d2t.npy / t2d.npy) and `model_path` (the verifier) go into the speculators command."""
+    """Write `shard_dirs`' samples in order to `out_dir` in `fmt`'s layout. The speculators command
+    names `model_path` (the verifier) and the vocab stage's `vocab_dir`/d2t.npy and t2d.npy of
+    `draft_vocab_size` entries (named, not copied: one partition's change then reruns only its export)."""
     if fmt not in FORMATS:
         raise ValueError(f"export format must be one of {FORMATS}, not {fmt!r}")
     shards = _shards(shard_dirs)
@@ -193,12 +197,9 @@ def export(
         }
         if fmt == "speculators":
             _speculators_dataset(files, rows)
-            draft_vocab = None
-            if vocab_dir is not None:
-                for name in ("d2t.npy", "t2d.npy"):
-                    files.write(name, (Path(vocab_dir) / name).read_bytes())
-                draft_vocab = len(np.load(tmp / "d2t.npy"))
-            command = speculators_command(out_dir, model_path or "VERIFIER_DIR", index["aux_layers"], draft_vocab)
+            command = speculators_command(
+                out_dir, model_path or "VERIFIER_DIR", index["aux_layers"], vocab_dir, draft_vocab_size
+            )
             summary.update(trainer=SPECULATORS_RELEASE, command=command)
             files.write("README.md", _readme(command, summary))
         summary.update(checksum=ALGORITHM, files=files.checksums)
