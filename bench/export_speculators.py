@@ -43,8 +43,14 @@ def time_exports(shards: dict[str, list[Path]], results: Path, repeat: int, work
         started = time.perf_counter()
         for partition, dirs in shards.items():
             out = work / f"{attempt}" / partition
+            vocab = results / "vocab"
             summary = export(
-                dirs, out, "speculators", model_path=results / "demo" / "model", vocab_dir=results / "vocab"
+                dirs,
+                out,
+                "speculators",
+                model_path=results / "demo" / "model",
+                vocab_dir=vocab,
+                draft_vocab_size=len(np.load(vocab / "d2t.npy")),
             )
             if attempt == 0:
                 samples += summary["samples"]
@@ -63,14 +69,14 @@ def time_exports(shards: dict[str, list[Path]], results: Path, repeat: int, work
     }
 
 
-def train_step_ms(export_dir: Path, model: Path, epochs: int, work: Path) -> dict:
-    d2t = export_dir / "d2t.npy"
+def train_step_ms(export_dir: Path, model: Path, vocab: Path, epochs: int, work: Path) -> dict:
+    d2t = vocab / "d2t.npy"
     command = [
         str(REPO / ".venv-speculators/bin/python"), str(REPO / "tests/trainers/speculators_on_cpu.py"), "train",
         "--verifier-name-or-path", str(model), "--data-path", str(export_dir),
         "--target-layer-ids", *map(str, json.loads((export_dir / "export.json").read_text())["aux_layers"]),
         "--on-missing", "raise", "--draft-vocab-size", str(len(np.load(d2t))),
-        "--d2t-path", str(d2t), "--t2d-path", str(export_dir / "t2d.npy"),
+        "--d2t-path", str(d2t), "--t2d-path", str(vocab / "t2d.npy"),
         "--save-path", str(work / "run"), "--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
         "--num-workers", "0", "--epochs", str(epochs), "--log-freq", "1",
     ]  # fmt: skip
@@ -103,7 +109,9 @@ def main() -> None:
             )
             result["train"] = {
                 "partition": largest,
-                **train_step_ms(work / "0" / largest, args.results / "demo" / "model", args.epochs, work),
+                **train_step_ms(
+                    work / "0" / largest, args.results / "demo" / "model", args.results / "vocab", args.epochs, work
+                ),
             }
     print(json.dumps(result, indent=2))
 

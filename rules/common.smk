@@ -48,11 +48,6 @@ def get_model_path(wildcards, input):
     return input.model if MODEL_INPUT else config["model"]["path"]
 
 
-def get_vocab_option(wildcards, input):
-    """The exporters' `--vocab DIR` when the workflow builds a draft vocabulary."""
-    return f"--vocab {input.vocab}" if input.vocab else ""
-
-
 def get_partition_hidden_shards(wildcards):
     p = wildcards.partition
     return expand("results/{p}/hidden/{s}", p=p, s=shards(p))
@@ -83,6 +78,12 @@ HIDDEN_SGLANG = config["hidden_states"].get("backend", "hf") == "sglang"
 HIDDEN_ENV = "../envs/sglang.yaml" if HIDDEN_SGLANG else "../envs/cpu.yaml"
 # What the heavy rules' cluster jobs ask for; other jobs take the profile's default-resources.
 JOB_RESOURCES = config["resources"]["jobs"]
+# The exporters name the draft vocabulary the workflow builds (results/vocab) and its size.
+VOCAB_OPTIONS = (
+    f"--vocab results/vocab --draft-vocab-size {config['vocab_mapping']['draft_vocab_size']}"
+    if "vocab_mapping" in config
+    else ""
+)
 PROBE_SETTINGS = {p: wf.as_json(wf.probe_settings(config, p)) for p in PARTITIONS}
 # Run-only settings reach the jobs through the environment, which Snakemake's rerun triggers never
 # compare (they compare params, the shell template, input paths and the software env) and which

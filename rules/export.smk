@@ -1,8 +1,9 @@
+# The exports name results/vocab's files rather than read them: one partition's change then reruns
+# only its own export, not every partition's (results/vocab combines them all).
 rule export:
     input:
         hidden=get_partition_hidden_shards,
         model=MODEL_INPUT,
-        vocab=["results/vocab"] if "vocab_mapping" in config else [],
     output:
         directory("results/{partition}/export/{format}"),
     log:
@@ -13,7 +14,7 @@ rule export:
         "../envs/cpu.yaml"
     params:
         model=get_model_path,
-        vocab=get_vocab_option,
+        vocab=VOCAB_OPTIONS,
     shell:
         "python scripts/export.py --format {wildcards.format} --hidden {input.hidden} "
         "--model {params.model:q} {params.vocab} --out {output} > {log} 2>&1"

@@ -13,10 +13,18 @@ def main() -> None:
     p.add_argument("--hidden", nargs="+", required=True, help="hidden-state shard directories, in order")
     p.add_argument("--out", required=True, help="directory to create")
     p.add_argument("--model", help="the target (verifier) model directory: its final norm, LM head and config")
-    p.add_argument("--vocab", help="the vocabulary stage's directory (d2t.npy, t2d.npy, vocab.json)")
+    p.add_argument("--vocab", help="the vocabulary stage's directory (d2t.npy, t2d.npy, vocab_mapping.pt), named")
+    p.add_argument("--draft-vocab-size", type=int, help="the draft vocabulary's size (entries of that d2t.npy)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO)
-    summary = export(args.hidden, args.out, args.format, model_path=args.model, vocab_dir=args.vocab)
+    summary = export(
+        args.hidden,
+        args.out,
+        args.format,
+        model_path=args.model,
+        vocab_dir=args.vocab,
+        draft_vocab_size=args.draft_vocab_size,
+    )
     logging.getLogger("export").info("%s", summary)
 
 

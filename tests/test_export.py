@@ -76,8 +76,9 @@ def test_specforge_export_norms_raw_final_states_and_carries_its_config(tmp_path
     capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32"})
     capture_shard(make_samples(5, seed=6), tmp_path / "raw", capture, {**SETTINGS, "dtype": "bfloat16"})
     run_vocab_from_samples(tmp_path, tiny_model_dir)
+    vocab = tmp_path / "vocab"
     summary = export(
-        [tmp_path / "raw"], tmp_path / "sf", "specforge", model_path=tiny_model_dir, vocab_dir=tmp_path / "vocab"
+        [tmp_path / "raw"], tmp_path / "sf", "specforge", model_path=tiny_model_dir, vocab_dir=vocab, draft_vocab_size=8
     )
     assert summary["final_norm_applied"] is True and summary["specforge_aux_layer_ids"] == [1, 3, 4]
     weight = load_file(tiny_model_dir / "model.safetensors")["model.norm.weight"].float()
@@ -86,7 +87,8 @@ def test_specforge_export_norms_raw_final_states_and_carries_its_config(tmp_path
         h = sample["hidden_states"].float()
         normed = (weight * h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
         assert torch.equal(data["hidden_state"][0], normed)
-    mapping = torch.load(tmp_path / "sf" / "vocab_mapping.pt", weights_only=True)
+    assert not (tmp_path / "sf" / "vocab_mapping.pt").exists()  # named, not copied: results/vocab's own
+    mapping = torch.load(tmp_path / "vocab" / "vocab_mapping.pt", weights_only=True)
     assert mapping["d2t"].tolist() == np.load(tmp_path / "vocab" / "d2t.npy").tolist()
     assert (
         mapping["t2d"].dtype == torch.bool
@@ -97,6 +99,7 @@ def test_specforge_export_norms_raw_final_states_and_carries_its_config(tmp_path
     assert draft["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}
     train = yaml.safe_load((tmp_path / "sf" / "specforge.yaml").read_text())
     assert train["model"]["lm_head_key"] == "lm_head.weight"  # the tiny model's head is untied
+    assert train["model"]["vocab_mapping_path"] == str(vocab.resolve() / "vocab_mapping.pt")
     assert train["data"]["hidden_states_path"] == str((tmp_path / "sf").resolve())
     readme = (tmp_path / "sf" / "README.md").read_text()
     assert f"specforge train --config {(tmp_path / 'sf').resolve()}/specforge.yaml" in readme
@@ -124,7 +127,9 @@ def test_speculators_layout_round_trips(tmp_path, shards, tiny_model_dir):
     vocab.mkdir()
     np.save(vocab / "d2t.npy", np.array([3, 3, 5]))
     np.save(vocab / "t2d.npy", np.isin(np.arange(512), [3, 4, 7]))
-    summary = export(shards, tmp_path / "sp", "speculators", model_path=tiny_model_dir, vocab_dir=vocab)
+    summary = export(
+        shards, tmp_path / "sp", "speculators", model_path=tiny_model_dir, vocab_dir=vocab, draft_vocab_size=3
+    )
     assert summary["final"] == "raw" and summary["final_norm_applied"] is False
     rows = datasets.load_from_disk(str(tmp_path / "sp"))  # speculators' ArrowDataset: the same call
     assert rows.format["type"] == "torch" and len(rows) == 12
@@ -141,11 +146,12 @@ def test_speculators_layout_round_trips(tmp_path, shards, tiny_model_dir):
         assert int(rows[index]["seq_len"]) == length
     written = json.loads((tmp_path / "sp" / "export.json").read_text())
     files = written["files"]
-    assert {"README.md", "ids.jsonl", "d2t.npy", "t2d.npy", "hidden_states/hs_11.safetensors"} <= set(files)
+    assert {"README.md", "ids.jsonl", "state.json", "hidden_states/hs_11.safetensors"} <= set(files)
     assert all(file_digest(tmp_path / "sp" / name) == value for name, value in files.items())
     command = written["command"]
     assert f"--data-path {tmp_path / 'sp'}" in command and "--target-layer-ids 2 4 5" in command
-    assert "--draft-vocab-size 3" in command and command in (tmp_path / "sp" / "README.md").read_text()
+    assert f"--draft-vocab-size 3 --d2t-path {vocab / 'd2t.npy'} --t2d-path {vocab / 't2d.npy'}" in command
+    assert command in (tmp_path / "sp" / "README.md").read_text()
 
 
 def test_speculators_export_refuses_normed_final(tmp_path, tiny_model_dir):

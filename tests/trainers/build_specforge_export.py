@@ -95,7 +95,14 @@ def main() -> None:
         capture_shard(samples, out / "hidden" / final, capture, HIDDEN_SETTINGS)
         command = [sys.executable, str(REPO / "scripts" / "export.py"), "--format", "specforge"]
         command += ["--hidden", str(out / "hidden" / final), "--model", str(out / "model")]
-        command += ["--vocab", str(out / "vocab"), "--out", str(out / "export" / final)]
+        command += [
+            "--vocab",
+            str(out / "vocab"),
+            "--draft-vocab-size",
+            str(DRAFT_VOCAB),
+            "--out",
+            str(out / "export" / final),
+        ]
         subprocess.run(command, check=True)
 
 

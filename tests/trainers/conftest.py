@@ -95,5 +95,5 @@ def captured(tmp_path_factory, verifier_dir) -> dict:
     np.save(vocab / "d2t.npy", d2t)
     np.save(vocab / "t2d.npy", t2d)
     out = root / "export" / "speculators"
-    summary = export(shards, out, "speculators", model_path=verifier_dir, vocab_dir=vocab)
+    summary = export(shards, out, "speculators", model_path=verifier_dir, vocab_dir=vocab, draft_vocab_size=DRAFT_VOCAB)
     return {"shards": shards, "export": out, "summary": summary, "samples": samples, "vocab": vocab}

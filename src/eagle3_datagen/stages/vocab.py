@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from eagle3_datagen.formats.checkpoint import text_config
+from eagle3_datagen.formats.draft_vocab import write_mapping
 from eagle3_datagen.formats.files import atomic_dir, iter_jsonl, write_json
 
 
@@ -58,7 +59,6 @@ def run_vocab(tokens_paths: list[str], model_path: str | Path, draft_vocab_size:
     }
     with atomic_dir(out_dir) as tmp:
         np.save(tmp / "token_counts.npy", counts)
-        np.save(tmp / "d2t.npy", d2t)
-        np.save(tmp / "t2d.npy", t2d)
+        write_mapping(tmp, d2t, t2d)
         write_json(tmp / "vocab.json", summary)
     return summary

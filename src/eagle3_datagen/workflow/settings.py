@@ -47,6 +47,9 @@ KINDS: dict[str, str] = {
             "partitions.*.backend",
             "partitions.*.max_prompts",
             "partitions.*.system_prompt",
+            # a threshold decides whether the shard exists, as the probe's thresholds do
+            "partitions.*.max_bad_record_rate",
+            "prompts.shared_across_partitions",
             "inference.backend",
             "inference.sampling.max_new_tokens",
             "inference.sampling.temperature",

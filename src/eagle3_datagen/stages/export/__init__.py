@@ -52,15 +52,19 @@ def export(
     *,
     model_path: str | Path | None = None,
     vocab_dir: str | Path | None = None,
+    draft_vocab_size: int | None = None,
 ) -> dict:
     """Write `shard_dirs`' samples in order to `out_dir` in `fmt`'s layout. `model_path` is the target
     (verifier) model directory: SpecForge's export reads its final norm, LM head and config, and both
-    name it in their training command; `vocab_dir` is the vocab stage's directory (d2t, t2d)."""
+    name it in their training command; `vocab_dir` is the vocab stage's directory, whose d2t/t2d (of
+    `draft_vocab_size` entries) the exports name, not copy: one partition's change then reruns only
+    its own export."""
     if fmt not in FORMATS:
         raise ValueError(f"export format must be one of {FORMATS}, not {fmt!r}")
     shards = _shards(shard_dirs)
     index = shards[0].index if shards else {"aux_layers": [], "final": "raw", "hidden_size": 0}
-    writer = (SpecForgeExport if fmt == "specforge" else SpeculatorsExport)(shards, model_path, vocab_dir)
+    kind = SpecForgeExport if fmt == "specforge" else SpeculatorsExport
+    writer = kind(shards, model_path, vocab_dir, draft_vocab_size)
     out_dir = Path(out_dir)
     count = tokens = 0
     with atomic_dir(out_dir) as tmp:

@@ -14,11 +14,11 @@ import io
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 
 from eagle3_datagen.formats.checkpoint import FinalNorm, head_and_norm_names, one_named, tensor_files, text_config
+from eagle3_datagen.formats.draft_vocab import VOCAB_MAPPING
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.export.files import ExportFiles
 
@@ -66,7 +66,13 @@ class SpecForgeExport:
     stored `final: normed` is exported as it is. Every shard must share one layout (one draft config).
     """
 
-    def __init__(self, shards: list[HiddenShard], model_path: str | Path | None, vocab_dir: str | Path | None):
+    def __init__(
+        self,
+        shards: list[HiddenShard],
+        model_path: str | Path | None,
+        vocab_dir: str | Path | None,
+        draft_vocab_size: int | None,
+    ):
         if model_path is None:
             raise ValueError("the specforge export needs the target model directory (--model)")
         indexes = {str(s.path): s.index for s in shards}
@@ -84,7 +90,10 @@ class SpecForgeExport:
                 f"{self.aux_layers}: set hidden_states.aux_layers to 3 layers (or auto) and recapture"
             )
         self.model_path = Path(model_path).resolve()
+        # results/vocab's vocab_mapping.pt, named in specforge.yaml (not copied: results/vocab combines
+        # every partition, and a copy would rerun every export when one partition changes)
         self.vocab_dir = Path(vocab_dir).resolve() if vocab_dir else None
+        self.draft_vocab_size = draft_vocab_size
         self.final_norm = FinalNorm(self.model_path) if first["final"] == "raw" else None
         files = tensor_files(self.model_path)
         self.lm_head_key = head_and_norm_names(self.model_path, files)[0]
@@ -125,19 +134,9 @@ class SpecForgeExport:
             eagle_config={"eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.aux_layers]},
         )
         config.setdefault("pad_token_id", 0)
-        if self.vocab_dir:
-            config["draft_vocab_size"] = int(
-                json.loads((self.vocab_dir / "vocab.json").read_text())["draft_vocab_size"]
-            )
+        if self.draft_vocab_size is not None:
+            config["draft_vocab_size"] = self.draft_vocab_size
         return config
-
-    def vocab_mapping(self) -> bytes:
-        """`results/vocab`'s d2t/t2d as the one `torch.save({"d2t", "t2d"})` file SpecForge loads."""
-        d2t = torch.from_numpy(np.load(self.vocab_dir / "d2t.npy")).long()
-        t2d = torch.from_numpy(np.load(self.vocab_dir / "t2d.npy")).bool()
-        buffer = io.BytesIO()
-        torch.save({"d2t": d2t, "t2d": t2d}, buffer)
-        return buffer.getvalue()
 
     def train_config(self, out_dir: Path) -> dict:
         """A `specforge train` config for this export on one node (paths as they will be after the rename)."""
@@ -148,7 +147,7 @@ class SpecForgeExport:
             "embedding_key": self.embedding_key,
         }
         if self.vocab_dir:
-            model["vocab_mapping_path"] = str(out_dir / "vocab_mapping.pt")
+            model["vocab_mapping_path"] = str(self.vocab_dir / VOCAB_MAPPING)
         return {
             "model": model,
             "data": {"hidden_states_path": str(out_dir), "cache_dir": str(out_dir.parent / "specforge-cache")},
@@ -159,8 +158,6 @@ class SpecForgeExport:
     def finish(self, files: ExportFiles, out_dir: Path, summary: dict) -> dict:
         """Write the draft config, vocabulary mapping, train config and README; returns what export.json records."""
         files.write("draft_config.json", (json.dumps(self.draft_config(), indent=2, sort_keys=True) + "\n").encode())
-        if self.vocab_dir:
-            files.write("vocab_mapping.pt", self.vocab_mapping())
         files.write("specforge.yaml", yaml.safe_dump(self.train_config(out_dir), sort_keys=False).encode())
         files.write("README.md", _specforge_readme(out_dir, self).encode())
         return {
@@ -182,7 +179,8 @@ def _specforge_readme(out_dir: Path, sf: SpecForgeExport) -> str:
         )
     )
     vocab_note = (
-        "`vocab_mapping.pt` is the workflow's draft vocabulary (`results/vocab`)."
+        f"`specforge.yaml`'s `vocab_mapping_path` names the workflow's draft vocabulary, "
+        f"{sf.vocab_dir / VOCAB_MAPPING}."
         if sf.vocab_dir
         else "No `vocab_mapping.draft_vocab_size` was configured: SpecForge derives its own mapping at its "
         "default draft vocabulary (32,000)."

@@ -3,8 +3,8 @@
 An Arrow dataset (`datasets.save_to_disk`, torch format) of `input_ids`, `loss_mask` and `seq_len`
 rows in export order, and `hidden_states/hs_{i}.safetensors` for row i with `token_ids` [L] and
 `hidden_states` [L, A+1, H] (auxiliary layers in order, then layer N before the final norm:
-speculators applies the verifier's norm to that slot itself); `d2t.npy` / `t2d.npy` for its
-`--d2t-path` / `--t2d-path` when a vocabulary mapping is given; README.md with the command.
+speculators applies the verifier's norm to that slot itself); README.md with the command, whose
+`--d2t-path` / `--t2d-path` name the vocab stage's d2t.npy / t2d.npy when there is one.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ def _speculators(sample: dict, aux_layers: int) -> dict:
     }
 
 
-def speculators_command(out_dir: Path, model_path: str | Path, aux_layers: list[int], draft_vocab: int | None) -> str:
+def speculators_command(
+    out_dir: Path, model_path: str | Path, aux_layers: list[int], vocab_dir: Path | None, draft_vocab: int | None
+) -> str:
     """The `speculators train` command that trains an EAGLE-3 draft on this export."""
     args = [
         "speculators",
@@ -48,9 +50,9 @@ def speculators_command(out_dir: Path, model_path: str | Path, aux_layers: list[
         "--on-missing",
         "raise",
     ]
-    if draft_vocab is not None:
+    if vocab_dir is not None and draft_vocab is not None:
         args += ["--draft-vocab-size", str(draft_vocab)]
-        args += ["--d2t-path", str(out_dir / "d2t.npy"), "--t2d-path", str(out_dir / "t2d.npy")]
+        args += ["--d2t-path", str(vocab_dir / "d2t.npy"), "--t2d-path", str(vocab_dir / "t2d.npy")]
     return shlex.join([*args, "--save-path", "checkpoints/eagle3"])
 
 
@@ -90,7 +92,13 @@ def _readme(command: str, summary: dict) -> bytes:
 class SpeculatorsExport:
     """Rows and files of one speculators export (`export.export` drives it)."""
 
-    def __init__(self, shards: list[HiddenShard], model_path: str | Path | None, vocab_dir: str | Path | None):
+    def __init__(
+        self,
+        shards: list[HiddenShard],
+        model_path: str | Path | None,
+        vocab_dir: str | Path | None,
+        draft_vocab_size: int | None,
+    ):
         index = shards[0].index if shards else {"aux_layers": [], "final": "raw"}
         if index["final"] == "normed":
             raise ValueError(
@@ -100,6 +108,7 @@ class SpeculatorsExport:
         self.aux_layers = index["aux_layers"]
         self.model_path = model_path
         self.vocab_dir = Path(vocab_dir) if vocab_dir else None
+        self.draft_vocab_size = draft_vocab_size
         self.rows: dict[str, list[np.ndarray]] = {"input_ids": [], "loss_mask": []}
 
     def add(self, files: ExportFiles, number: int, sample: dict) -> None:
@@ -111,12 +120,9 @@ class SpeculatorsExport:
 
     def finish(self, files: ExportFiles, out_dir: Path, summary: dict) -> dict:
         _speculators_dataset(files, self.rows)
-        draft_vocab = None
-        if self.vocab_dir is not None:
-            for name in ("d2t.npy", "t2d.npy"):
-                files.write(name, (self.vocab_dir / name).read_bytes())
-            draft_vocab = len(np.load(files.root / "d2t.npy"))
-        command = speculators_command(out_dir, self.model_path or "VERIFIER_DIR", self.aux_layers, draft_vocab)
+        command = speculators_command(
+            out_dir, self.model_path or "VERIFIER_DIR", self.aux_layers, self.vocab_dir, self.draft_vocab_size
+        )
         # The last slot as exported: layer N before the norm; speculators norms it itself.
         added = {"final_norm_applied": False, "trainer": SPECULATORS_RELEASE, "command": command}
         files.write("README.md", _readme(command, {**summary, **added}))
