@@ -8,6 +8,7 @@ The demo model is built first and then named as a production model directory, so
 partition does not refit it (the demo fits its model to every partition).
 """
 
+import base64
 import json
 import os
 import signal
@@ -195,6 +196,9 @@ def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run
     assert not any(f"partition={p}" in b for _, b in jobs for p in PARTITIONS)
 
     first = work / "results/demo_openai/responses/00000.jsonl.zst"
+    # finished as Snakemake counts it: its record written after the job exited (an output file alone
+    # can be a job still in flight, which a rerun regenerates)
+    recorded = work / ".snakemake/metadata" / base64.urlsafe_b64encode(str(first.relative_to(work)).encode()).decode()
     run = subprocess.Popen(
         [str(MAIN_VENV_BIN / "snakemake"), *SNAKEMAKE, "added.yaml"],
         cwd=work,
@@ -204,9 +208,9 @@ def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run
         start_new_session=True,
     )
     deadline = time.monotonic() + 900
-    while not first.exists() and run.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert first.exists(), "the first shard of the added partition never finished"
+    while not recorded.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert recorded.exists(), "the first shard of the added partition never finished"
     os.killpg(run.pid, signal.SIGKILL)  # Snakemake and its jobs; the server's supervisor is its own session
     run.wait()
     kept = fingerprints(work, ADDED)
