@@ -75,7 +75,8 @@ AFTER = {
     "tokens": {"tokens", "hidden_states", "probe", "export", "vocab_mapping"},
     "hidden_states": {"hidden_states", "probe", "export"},
     "probe": {"probe"},
-    "vocab_mapping": {"vocab_mapping"},
+    # the exports name the draft vocabulary's size (the SpecForge draft config, the speculators command)
+    "vocab_mapping": {"vocab_mapping", "export"},
     "export": {"export"},
 }
 SUMMARIES = {"partition_summary", "summary", "all"}
@@ -123,7 +124,8 @@ def coverage_config(hidden_backend: str) -> dict:
     """The demo with a partition on each API backend and every schema key set, so each can change."""
     config = yaml.safe_load((REPO / "config.yaml").read_text())
     alpaca = config["partitions"]["demo_alpaca"]
-    alpaca.update(max_prompts=1000, backend="hf")
+    alpaca.update(max_prompts=1000, backend="hf", max_bad_record_rate=0.0)
+    config["prompts"] = {"shared_across_partitions": "keep"}
     config["partitions"]["cov_openrouter"] = {**alpaca, "shards": 1, "backend": "openrouter"}
     config["partitions"]["cov_sglang"] = {**alpaca, "shards": 1, "backend": "sglang"}
     retry = {"max_attempts": 8, "initial_backoff": 1.0, "max_backoff": 60.0, "max_retry_after": 600.0}

@@ -169,7 +169,9 @@ def test_demo_writes_the_draft_vocabulary_and_both_exports(demo_dir):
         specforge = demo_dir / f"results/{partition}/export/specforge"
         assert json.loads((specforge / "export.json").read_text())["final_norm_applied"] is (final == "raw")
         assert json.loads((specforge / "draft_config.json").read_text())["draft_vocab_size"] == 256
-        assert (specforge / "vocab_mapping.pt").exists() and (specforge / "specforge.yaml").exists()
+        train = yaml.safe_load((specforge / "specforge.yaml").read_text())
+        mapping = demo_dir.resolve() / "results/vocab/vocab_mapping.pt"
+        assert train["model"]["vocab_mapping_path"] == str(mapping) and mapping.exists()  # named, not copied
 
 
 def embedded_pngs(html: str) -> dict[str, bytes]:
