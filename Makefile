@@ -17,37 +17,22 @@ $(VENV)/.installed: envs/requirements.txt pyproject.toml
 	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps -e .
 	touch $@
 
-# SGLang 0.5.23 on the CPU, for the tests in tests/real_sglang (a second venv: SGLang pins transformers 5.19.0).
-SGLANG_VENV ?= .venv-sglang
+# SGLang 0.5.23 (tests/real_sglang) and the trainers' releases (tests/trainers: vLLM speculators 0.9.0,
+# SpecForge 0.2.0) each get a venv of their own: they pin transformers versions that conflict with
+# ours (5.19.0, <=5.19.0, 5.8.1). Each installs --no-deps from its complete pinned list
+# envs/NAME-cpu.txt, with the CPU torch (no CUDA stack).
+SGLANG_VENV := .venv-sglang
+SPECULATORS_VENV := .venv-speculators
+SPECFORGE_VENV := .venv-specforge
 sglang-env: $(SGLANG_VENV)/.installed
-
-$(SGLANG_VENV)/.installed: envs/sglang-cpu.txt pyproject.toml | install
-	python3 -m venv $(SGLANG_VENV)
-	$(VENV)/bin/uv pip install --quiet --python $(SGLANG_VENV)/bin/python --no-deps $(FIND_LINKS) -r envs/sglang-cpu.txt
-	$(VENV)/bin/uv pip install --quiet --python $(SGLANG_VENV)/bin/python --no-deps -e .
-	$(SGLANG_VENV)/bin/python -c "import torch, sys; sys.exit(torch.version.cuda and f'{torch.__version__}: a CUDA torch')"
-	touch $@
-
-# vLLM speculators 0.9.0 on the CPU, for the tests in tests/trainers (its own venv: it pins transformers<=5.19.0).
-SPECULATORS_VENV ?= .venv-speculators
 speculators-env: $(SPECULATORS_VENV)/.installed
-
-$(SPECULATORS_VENV)/.installed: envs/speculators-cpu.txt pyproject.toml | install
-	python3 -m venv $(SPECULATORS_VENV)
-	$(VENV)/bin/uv pip install --quiet --python $(SPECULATORS_VENV)/bin/python --no-deps $(FIND_LINKS) -r envs/speculators-cpu.txt
-	$(VENV)/bin/uv pip install --quiet --python $(SPECULATORS_VENV)/bin/python --no-deps -e .
-	$(SPECULATORS_VENV)/bin/python -c "import torch, sys; sys.exit(torch.version.cuda and f'{torch.__version__}: a CUDA torch')"
-	touch $@
-
-# SpecForge 0.2.0 on the CPU, for tests/trainers/test_specforge.py (its own venv: SpecForge pins transformers 5.8.1).
-SPECFORGE_VENV ?= .venv-specforge
 specforge-env: $(SPECFORGE_VENV)/.installed
 
-$(SPECFORGE_VENV)/.installed: envs/specforge-cpu.txt pyproject.toml | install
-	python3 -m venv $(SPECFORGE_VENV)
-	$(VENV)/bin/uv pip install --quiet --python $(SPECFORGE_VENV)/bin/python --no-deps $(FIND_LINKS) -r envs/specforge-cpu.txt
-	$(VENV)/bin/uv pip install --quiet --python $(SPECFORGE_VENV)/bin/python --no-deps -e .
-	$(SPECFORGE_VENV)/bin/python -c "import torch, sys; sys.exit(torch.version.cuda and f'{torch.__version__}: a CUDA torch')"
+.venv-%/.installed: envs/%-cpu.txt pyproject.toml | install
+	python3 -m venv $(@D)
+	$(VENV)/bin/uv pip install --quiet --python $(@D)/bin/python --no-deps $(FIND_LINKS) -r $<
+	$(VENV)/bin/uv pip install --quiet --python $(@D)/bin/python --no-deps -e .
+	$(@D)/bin/python -c "import torch, sys; sys.exit(torch.version.cuda and f'{torch.__version__}: a CUDA torch')"
 	touch $@
 
 # envs/sglang.yaml's pip pins resolve together (package metadata only: nothing is installed).
