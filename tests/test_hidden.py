@@ -122,15 +122,10 @@ STORAGE = {
 }
 
 
-@pytest.mark.parametrize("compress", STORAGE.values(), ids=STORAGE.keys())
-def test_resume_keeps_complete_parts_byte_identical(tmp_path, capture, monkeypatch, compress):
-    samples = make_samples(20, seed=9)
-    settings = {**SETTINGS, "shard_bytes": 20_000, **compress}
-    reference = capture_shard(samples, tmp_path / "ref", capture, settings)
-    assert len(reference["parts"]) >= 3
-
-    calls = {"n": 0}
+def killed_while_writing_the_second_part(samples, out, capture, settings, monkeypatch):
+    """A capture job killed once its first part is written (the real writer is back afterwards)."""
     real_write = hidden.write_part
+    calls = {"n": 0}
 
     def dies_on_second_part(*args, **kwargs):
         calls["n"] += 1
@@ -140,11 +135,21 @@ def test_resume_keeps_complete_parts_byte_identical(tmp_path, capture, monkeypat
 
     monkeypatch.setattr(hidden, "write_part", dies_on_second_part)
     with pytest.raises(KeyboardInterrupt):
-        capture_shard(samples, tmp_path / "out", capture, settings)
+        capture_shard(samples, out, capture, settings)
+    monkeypatch.setattr(hidden, "write_part", real_write)
+
+
+@pytest.mark.parametrize("compress", STORAGE.values(), ids=STORAGE.keys())
+def test_resume_keeps_complete_parts_byte_identical(tmp_path, capture, monkeypatch, compress):
+    samples = make_samples(20, seed=9)
+    settings = {**SETTINGS, "shard_bytes": 20_000, **compress}
+    reference = capture_shard(samples, tmp_path / "ref", capture, settings)
+    assert len(reference["parts"]) >= 3
+
+    killed_while_writing_the_second_part(samples, tmp_path / "out", capture, settings, monkeypatch)
     assert not (tmp_path / "out").exists()  # nothing that looks finished
     first_part = reference["parts"][0]["file"]
     first = (tmp_path / ".out.partial" / first_part).stat().st_mtime_ns
-    monkeypatch.setattr(hidden, "write_part", real_write)
     resumed = capture_shard(samples, tmp_path / "out", capture, settings)
     assert (tmp_path / "out" / first_part).stat().st_mtime_ns == first  # kept, not rewritten
     assert resumed["parts"] == reference["parts"]
@@ -157,23 +162,11 @@ def test_resume_recomputes_a_part_damaged_while_no_job_ran(tmp_path, capture, mo
     samples = make_samples(12, seed=5)
     settings = {**SETTINGS, "shard_bytes": 20_000}
     reference = capture_shard(samples, tmp_path / "ref", capture, settings)
-    real_write = hidden.write_part
-    calls = {"n": 0}
-
-    def dies_on_second_part(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt("killed")
-        return real_write(*args, **kwargs)
-
-    monkeypatch.setattr(hidden, "write_part", dies_on_second_part)
-    with pytest.raises(KeyboardInterrupt):
-        capture_shard(samples, tmp_path / "out", capture, settings)
+    killed_while_writing_the_second_part(samples, tmp_path / "out", capture, settings, monkeypatch)
     first = tmp_path / ".out.partial" / reference["parts"][0]["file"]
     data = bytearray(first.read_bytes())
     data[-100] ^= 0xFF  # one bit pattern flipped in the last layer's rows, header intact
     first.write_bytes(bytes(data))
-    monkeypatch.setattr(hidden, "write_part", real_write)
     resumed = capture_shard(samples, tmp_path / "out", capture, settings)
     assert resumed["parts"] == reference["parts"]  # the damaged part recomputed, checksums as written
     assert (tmp_path / "out" / first.name).read_bytes() == (tmp_path / "ref" / first.name).read_bytes()
