@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from eagle3_datagen.stages.hidden import run_hidden
+from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.formats.files import read_jsonl
+from eagle3_datagen.stages.hidden import capture_shard
 from eagle3_datagen.stages.probe import LMHead, ProbeSettings, probe_shard
 
 
@@ -40,7 +42,9 @@ def main() -> None:
             for n, tokens in enumerate(shards):
                 out = Path(tmp) / f"{repeat}-{n}"
                 start = time.perf_counter()
-                run_hidden(tokens, out, model_path, config["model"], config["hidden_states"])
+                hidden = config["hidden_states"]
+                capture = HFCapture(model_path, hidden["aux_layers"], hidden.get("final", "raw"), hidden.get("hf", {}))
+                capture_shard(read_jsonl(tokens), out, capture, hidden)
                 hidden_s += time.perf_counter() - start
                 start = time.perf_counter()
                 result = probe_shard(out, LMHead(model_path), settings)

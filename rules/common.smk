@@ -71,7 +71,6 @@ RESPONSE_GPUS = {p: wf.gpus_for(config, "responses", p) for p in PARTITIONS}
 # The shard jobs of these partitions share the node's launched SGLang server.
 SERVER_PARTITIONS = [p for p in PARTITIONS if wf.served_by_launched_server(config, p)]
 SHARD_JOB_PARTITIONS = [p for p in PARTITIONS if p not in SERVER_PARTITIONS]
-SERVER_URL = wf.server_url(config)
 SERVER_LOG = "logs/sglang_server/server.log"
 HIDDEN_GPUS = wf.gpus_for(config, "hidden_states")
 HIDDEN_SGLANG = config["hidden_states"].get("backend", "hf") == "sglang"
@@ -153,12 +152,12 @@ def get_slurm_requests():
     ]
 
 
-def stop_shared_server():
-    """Where Snakemake runs on the server's node, the run's end stops it at once (else: when idle)."""
-    if SERVER_PARTITIONS:
-        from eagle3_datagen.backends.sglang.shared import request_stop
+def stop_node_service():
+    """Where Snakemake runs on the node of a shared generation server or capture runner, the run's end
+    stops it as soon as no job uses it (else it stops when idle, or with its SLURM allocation)."""
+    from eagle3_datagen.backends.node_service import request_stop
 
-        request_stop(SERVER_URL)
+    request_stop()
 
 
 onstart:
@@ -166,8 +165,8 @@ onstart:
 
 
 onsuccess:
-    stop_shared_server()
+    stop_node_service()
 
 
 onerror:
-    stop_shared_server()
+    stop_node_service()

@@ -1,11 +1,19 @@
 #!/usr/bin/env python
 """Capture EAGLE-3 auxiliary and final hidden states for one token shard.
 
-With the sglang backend, the script runs itself again under torchrun, one tensor-parallel rank per GPU.
+The forward passes run in the node's capture runner (scripts/capture_runner.py), which the first
+hidden-state job on the node starts and the later ones reuse: the model loads once per node and run.
 """
 
+import logging
+import sys
+from pathlib import Path
+
 from eagle3_datagen import cli
-from eagle3_datagen.stages.hidden import run_hidden
+from eagle3_datagen.backends.base import ServerError
+from eagle3_datagen.stages.hidden import CaptureFailed, capture_with_runner
+
+RUNNER = Path(__file__).resolve().with_name("capture_runner.py")
 
 
 def main() -> None:
@@ -14,9 +22,11 @@ def main() -> None:
     p.add_argument("--out", required=True, help="shard directory to create")
     args = p.parse_args()
     cli.setup(args, "hidden_states")
-    cli.relaunch_under_torchrun(args)
-    model = args.settings["model"]
-    run_hidden(args.tokens, args.out, model["path"], model, args.settings["hidden_states"])
+    try:
+        capture_with_runner(args.tokens, args.out, args.settings, args.threads, RUNNER)
+    except (CaptureFailed, ServerError) as e:
+        logging.getLogger("hidden_states").error("%s", e)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from eagle3_datagen.backends.batching import plan_batches
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.formats.hidden_codec import Codec, byte_planes, dequantize, from_byte_planes, quantize
 from eagle3_datagen.formats.hidden_shard import COLUMNS, HiddenShard, plan_parts, resolve_aux_layers
-from eagle3_datagen.stages import hidden
+from eagle3_datagen.stages.hidden import shard
 from eagle3_datagen.stages.hidden import capture_shard
 
 SETTINGS = {"dtype": "float32", "shard_bytes": 1 << 20, "max_batch_tokens": 64}
@@ -124,7 +124,7 @@ STORAGE = {
 
 def killed_while_writing_the_second_part(samples, out, capture, settings, monkeypatch):
     """A capture job killed once its first part is written (the real writer is back afterwards)."""
-    real_write = hidden.write_part
+    real_write = shard.write_part
     calls = {"n": 0}
 
     def dies_on_second_part(*args, **kwargs):
@@ -133,10 +133,10 @@ def killed_while_writing_the_second_part(samples, out, capture, settings, monkey
             raise KeyboardInterrupt("killed")
         return real_write(*args, **kwargs)
 
-    monkeypatch.setattr(hidden, "write_part", dies_on_second_part)
+    monkeypatch.setattr(shard, "write_part", dies_on_second_part)
     with pytest.raises(KeyboardInterrupt):
         capture_shard(samples, out, capture, settings)
-    monkeypatch.setattr(hidden, "write_part", real_write)
+    monkeypatch.setattr(shard, "write_part", real_write)
 
 
 @pytest.mark.parametrize("compress", STORAGE.values(), ids=STORAGE.keys())

@@ -179,6 +179,7 @@ def coverage_config(hidden_backend: str) -> dict:
         compress="none",
         compress_level=3,
         max_nonfinite_fraction=0.0,
+        runner={"idle_timeout": 120, "load_timeout": 3600},
     )
     if hidden_backend == "sglang":
         del hidden["hf"]

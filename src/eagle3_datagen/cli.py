@@ -56,22 +56,6 @@ def merge_run_settings(args: argparse.Namespace, stage: str | None) -> None:
     args.run_settings_merged = True
 
 
-def relaunch_under_torchrun(args: argparse.Namespace) -> None:
-    """With SGLang's capture backend, run this script again under torchrun, one rank per GPU; the ranks
-    never come back here. The tensor-parallel size is a run-only setting, so it is decided here and not in
-    the rule's command. A generation server on the node is stopped first once no job uses it (its GPUs)."""
-    if args.settings["hidden_states"].get("backend") != "sglang" or "LOCAL_RANK" in os.environ:
-        return
-    if args.settings.get("release_server"):
-        from eagle3_datagen.backends.sglang.shared import release
-
-        release(args.settings["release_server"])
-    command = ["torchrun", "--standalone", "--nproc-per-node", str(args.settings["tensor_parallel"]), *sys.argv]
-    logging.getLogger("hidden_states").info("running %s", " ".join(command))
-    sys.stderr.flush()
-    os.execvp(command[0], command)
-
-
 def run_snakemake(args: list[str], retry_when: str | None = None, attempts: int = 3) -> str:
     """stdout of this environment's snakemake (whether or not it is on PATH); exits with its output on failure.
 

@@ -136,6 +136,8 @@ KINDS: dict[str, str] = {
             "hidden_states.hf.device",
             "hidden_states.sglang.device",
             "hidden_states.sglang.mem_fraction_static",
+            "hidden_states.runner.idle_timeout",
+            "hidden_states.runner.load_timeout",
             "probe.device",
             "plan.throughput.generate_tokens_per_s",
             "plan.throughput.prefill_tokens_per_s",
@@ -245,10 +247,11 @@ def response_settings(config: dict, partition: str) -> dict:
 
 
 def response_run_settings(config: dict) -> dict:
-    """What governs a responses job, for every backend (a job reads its own backend's)."""
+    """What governs a responses job, for every backend (a job reads its own backend's), and the GPUs a
+    launched server's job step asks for under SLURM."""
     inference = config["inference"]
     run = {b: split(inference.get(b), f"inference.{b}")[1] for b in BACKENDS}
-    return {"token_budget": inference.get("token_budget"), **run}
+    return {"token_budget": inference.get("token_budget"), "gpus": config["resources"]["gpus_per_node"], **run}
 
 
 def served_by_launched_server(config: dict, partition: str) -> bool:
@@ -256,10 +259,6 @@ def served_by_launched_server(config: dict, partition: str) -> bool:
     return inference_backend(config, partition) == "sglang" and bool(
         (config["inference"].get("sglang") or {}).get("launch")
     )
-
-
-def server_url(config: dict) -> str:
-    return (config["inference"].get("sglang") or {}).get("url", "http://localhost:8000")
 
 
 def token_settings(config: dict) -> dict:
@@ -277,14 +276,10 @@ def hidden_settings(config: dict) -> dict:
 
 
 def hidden_run_settings(config: dict) -> dict:
-    """The capture's run-only settings, its tensor-parallel size, and the generation server it must stop
-    first to have the node's GPUs (when both run on them)."""
-    gpus = gpus_for(config, "hidden_states")
-    served = any(served_by_launched_server(config, p) for p in config["partitions"])
+    """The capture's run-only settings and the GPUs its runner takes: SGLang's tensor-parallel size."""
     return {
         "hidden_states": split(config["hidden_states"], "hidden_states")[1],
-        "tensor_parallel": gpus or 1,
-        "release_server": server_url(config) if served and gpus else None,
+        "tensor_parallel": gpus_for(config, "hidden_states") or 1,
     }
 
 

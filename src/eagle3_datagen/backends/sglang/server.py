@@ -1,20 +1,20 @@
-"""A local `sglang.launch_server` for the duration of a job, and its health check."""
+"""`sglang.launch_server`: its command line, its health check, the server for one job's duration
+(`launched_server`) or shared by the node's shard jobs (`server_service`)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
-import os
 import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
 from eagle3_datagen.backends.base import ServerError
+from eagle3_datagen.backends.node_service import Service, healthy, process_group
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,9 @@ def wait_healthy(
     """
     deadline = time.monotonic() + timeout
     while alive is None or alive():
-        with contextlib.suppress(OSError), urllib.request.urlopen(url.rstrip("/") + "/health", timeout=5) as resp:
-            if resp.status == 200:
-                log.info("SGLang server healthy at %s", url)
-                return
+        if healthy(url):
+            log.info("SGLang server healthy at %s", url)
+            return
         if time.monotonic() > deadline:
             see = f"; see {log_path}" if log_path else ""
             raise ServerError(f"no healthy SGLang server at {url} after {timeout} s{see}")
@@ -66,27 +65,36 @@ def launched_server(model_path: str | Path, url: str, launch: dict, log_path: st
     command = server_command(model_path, url, launch)
     log.info("starting the SGLang server: %s (its output: %s)", " ".join(command), log_path)
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    server_log = open(log_path, "ab")  # noqa: SIM115 - closed in finally, after the server
-    process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_term(_signum, _frame):
-        raise SystemExit(f"terminated; stopping the SGLang server (pid {process.pid})")
+        raise SystemExit("terminated; stopping the SGLang server")
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        wait_healthy(url, launch.get("health_timeout", 1800), lambda: process.poll() is None, log_path)
-        yield process
+        with (
+            open(log_path, "ab") as server_log,
+            process_group(command, server_log, launch.get("stop_timeout", 60)) as process,
+        ):
+            wait_healthy(url, launch.get("health_timeout", 1800), lambda: process.poll() is None, log_path)
+            yield process
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=launch.get("stop_timeout", 60))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        server_log.close()
-        log.info("SGLang server stopped (exit code %s)", process.returncode)
+        log.info("SGLang server stopped")
+
+
+def server_service(model_path: str | Path, url: str, launch: dict, log_path: str | Path, gpus: int = 0) -> Service:
+    """The launched server as the node's shared service (`node_service`): one per node for every shard job.
+    The model's path is absolute: jobs of another workflow directory on the node do not share it."""
+    command = server_command(Path(model_path).resolve(), url, launch)
+    return Service(
+        name="SGLang server",
+        key=json.dumps(command),
+        command=command,
+        log=str(log_path),
+        health_url=url,
+        ready_timeout=launch.get("health_timeout", 1800),
+        idle_timeout=launch.get("idle_timeout", 120),
+        stop_timeout=launch.get("stop_timeout", 60),
+        gpus=gpus,
+    )

@@ -66,9 +66,11 @@ def _server(settings: dict, server_log: str | None, provenance: dict):
     sglang = settings.get("sglang") or {}
     if settings["backend"] != "sglang" or not sglang.get("launch"):
         return contextlib.nullcontext()
-    from eagle3_datagen.backends.sglang.server import DEFAULT_URL, server_command
-    from eagle3_datagen.backends.sglang.shared import shared_server
+    from eagle3_datagen.backends.node_service import using
+    from eagle3_datagen.backends.sglang.server import DEFAULT_URL, server_service
 
     url, model_path = sglang.get("url", DEFAULT_URL), settings["model"]["path"]
-    provenance["server_command"] = server_command(model_path, url, sglang["launch"])
-    return shared_server(model_path, url, sglang["launch"], server_log or "sglang-server.log")
+    launch, server_log = sglang["launch"], server_log or "sglang-server.log"
+    service = server_service(model_path, url, launch, server_log, settings.get("gpus", 0))
+    provenance["server_command"] = service.command
+    return using(service)

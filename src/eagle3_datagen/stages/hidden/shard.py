@@ -1,10 +1,10 @@
-"""Stage 4: one prefill pass captures EAGLE-3's auxiliary layers and the final layer.
+"""One shard's capture: samples in input order, packed with no padding, into parts of at most
+`shard_bytes`, then index.json.
 
-The shard's layout (layer numbering, parts, index) is `formats.hidden_shard`'s; the forward
-passes are a `backends.base.CaptureBackend`'s (`hf` or `sglang`). Samples are written in input
-order, packed with no padding, into parts of at most `shard_bytes`. Parts are planned from the
-token counts before any forward pass, so a rerun after a kill keeps every complete part and
-recomputes only the rest.
+The shard's layout (layer numbering, parts, index) is `formats.hidden_shard`'s; the forward passes
+are a `backends.base.CaptureBackend`'s (`hf` or `sglang`). Parts are planned from the token counts
+before any forward pass, so a rerun after a kill, or after its job was cancelled, keeps every
+complete part and recomputes only the rest.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +20,8 @@ import torch
 
 from eagle3_datagen.backends.base import CaptureBackend
 from eagle3_datagen.backends.batching import capture_in_batches
-from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.formats.checksums import ALGORITHM
-from eagle3_datagen.formats.files import atomic_dir, read_jsonl, write_json
+from eagle3_datagen.formats.files import atomic_dir, write_json
 from eagle3_datagen.formats.hidden_codec import (
     Codec,
     reference_share,
@@ -39,6 +39,10 @@ from eagle3_datagen.formats.hidden_shard import (
 from eagle3_datagen.progress import Progress
 
 log = logging.getLogger(__name__)
+
+
+class ShardCancelled(Exception):
+    """The job that asked for the shard is gone: its complete parts stay for the rerun."""
 
 
 @dataclass
@@ -156,12 +160,19 @@ def _finish(plan: _ShardPlan, samples: list[dict], out_dir: Path, index_parts: l
     return index
 
 
-def capture_shard(samples: list[dict], out_dir: str | Path, capture: CaptureBackend, settings: dict) -> dict | None:
+def capture_shard(
+    samples: list[dict],
+    out_dir: str | Path,
+    capture: CaptureBackend,
+    settings: dict,
+    cancelled: Callable[[], bool] | None = None,
+) -> dict | None:
     """Write `samples`' hidden states to `out_dir` (parts, then index.json), resuming a partial run.
 
-    With tensor parallelism every rank calls
-    this with the same samples, runs the same forward passes, and only the writer rank writes and
-    returns the index (the others return None).
+    With tensor parallelism every rank calls this with the same samples, runs the same forward
+    passes, and only the writer rank writes and returns the index (the others return None).
+    `cancelled` is asked before each part and before the shard is moved into place (the writer's
+    answer holds on every rank); when it says yes, ShardCancelled is raised.
     """
     out_dir = Path(out_dir)
     plan = _plan(samples, out_dir, capture, settings)
@@ -171,6 +182,7 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: CaptureBack
     started, computed_tokens = time.monotonic(), 0
     progress = Progress(len(samples), "samples", log)
     for number, part in enumerate(plan.parts):
+        _check(cancelled, capture.ranks, out_dir)
         part_samples = [samples[i] for i in part]
         part_tokens = sum(plan.lengths[i] for i in part)
         if kept[number]:
@@ -195,30 +207,13 @@ def capture_shard(samples: list[dict], out_dir: str | Path, capture: CaptureBack
                 }
             )
     progress.close()
+    _check(cancelled, capture.ranks, out_dir)
     if not capture.ranks.writer:
         return None
     timing = {"seconds": round(time.monotonic() - started, 3), "tokens": computed_tokens}
     return _finish(plan, samples, out_dir, index_parts, nonfinite, settings, timing)
 
 
-def run_hidden(
-    tokens_path: str | Path, out_dir: str | Path, model_path: str | Path, model_settings: dict, settings: dict
-) -> dict | None:
-    """Capture one token shard with the configured backend (`hf` or `sglang`)."""
-    trust_remote_code = model_settings.get("trust_remote_code", False)
-    if settings.get("backend", "hf") == "sglang":
-        from eagle3_datagen.backends.sglang.capture import load_sglang_capture
-
-        capture = load_sglang_capture(
-            model_path,
-            settings["aux_layers"],
-            settings.get("final", "raw"),
-            settings.get("sglang", {}),
-            trust_remote_code,
-            settings["max_batch_tokens"],
-        )
-    else:
-        capture = HFCapture(
-            model_path, settings["aux_layers"], settings.get("final", "raw"), settings.get("hf", {}), trust_remote_code
-        )
-    return capture_shard(read_jsonl(tokens_path), out_dir, capture, settings)
+def _check(cancelled: Callable[[], bool] | None, ranks, out_dir: Path) -> None:
+    if cancelled is not None and ranks.agree(cancelled()):
+        raise ShardCancelled(f"{out_dir}: cancelled; its complete parts are kept for the rerun")

@@ -1,0 +1,203 @@
+"""The node's capture runner: the target model loaded once, capturing every shard its node's
+hidden-state jobs send it.
+
+Each shard is still its own job, output and resume. The runner is a node service
+(`backends.node_service`: started by the first job on the node, stopped when no job uses it): with
+the `sglang` backend, SGLang's model runner under torchrun, one rank per GPU, ranks kept alive
+between shards; with `hf`, one transformers process.
+
+A job hands over its shard as a request file (`requests/<id>.json`: tokens, output directory,
+settings, the job's pid) in the node directory. Rank 0 takes the oldest request whose job is alive
+and broadcasts it; every rank captures it in lockstep (`shard.capture_shard`); rank 0 writes the
+shard's log to `requests/<id>.log`, which the job copies into its own log, and the outcome to
+`requests/<id>.done.json`. A job that is gone (kill -9, cancelled by Snakemake) cancels its shard at
+the next part: the complete parts stay for the rerun. An error in a shard fails its job and stops
+the runner (its ranks may be out of step); the next job loads a fresh one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from eagle3_datagen.backends.base import CaptureBackend, ServerError
+from eagle3_datagen.backends.node_service import SERVICE_DIR_ENV, Lease, Service, mark_loaded, pid_alive, using
+from eagle3_datagen.formats.files import read_json, read_jsonl, write_json
+from eagle3_datagen.stages.hidden.shard import ShardCancelled, capture_shard
+
+log = logging.getLogger(__name__)
+
+LOG = "logs/capture_runner/runner.log"
+POLL_S = 0.5
+# What the runner's loaded model depends on; the other hidden-state settings (storage, thresholds) are
+# each shard's own.
+LOAD_KEYS = ("backend", "aux_layers", "final", "max_batch_tokens", "hf", "sglang")
+
+
+class CaptureFailed(RuntimeError):
+    """The runner could not capture the shard; the message says why."""
+
+
+def runner_service(settings: dict, threads: int, script: str | Path) -> Service:
+    """The capture runner (`script`: scripts/capture_runner.py) for a hidden-state job's merged `settings`
+    (model, hidden_states, tensor_parallel)."""
+    # The model's path is absolute: jobs of another workflow directory on the node do not share the runner.
+    settings = {**settings, "model": {**settings["model"], "path": str(Path(settings["model"]["path"]).resolve())}}
+    hidden = settings["hidden_states"]
+    loads = {
+        "model": settings["model"]["path"],
+        "trust_remote_code": settings["model"].get("trust_remote_code", False),
+        **{k: hidden[k] for k in LOAD_KEYS if k in hidden},
+        "threads": threads,
+    }
+    args = [str(script), "--settings", json.dumps(settings, sort_keys=True), "--threads", str(threads)]
+    if hidden.get("backend", "hf") == "sglang":
+        gpus = settings["tensor_parallel"]
+        command = ["torchrun", "--standalone", "--nproc-per-node", str(gpus), *args]
+        loads["tensor_parallel"] = gpus
+    else:
+        gpus = settings["tensor_parallel"] if (hidden.get("hf") or {}).get("device") == "cuda" else 0
+        command = [sys.executable, *args]
+    runner = hidden.get("runner") or {}
+    return Service(
+        name="capture runner",
+        key=json.dumps(loads, sort_keys=True),
+        command=command,
+        log=LOG,
+        ready_timeout=runner.get("load_timeout", 3600),
+        idle_timeout=runner.get("idle_timeout", 120),
+        gpus=gpus,
+    )
+
+
+def load_capture(settings: dict) -> CaptureBackend:
+    """The configured backend's model, loaded for capture (under torchrun for `sglang`: this rank's slice)."""
+    hidden, model = settings["hidden_states"], settings["model"]
+    trust_remote_code = model.get("trust_remote_code", False)
+    if hidden.get("backend", "hf") == "sglang":
+        from eagle3_datagen.backends.sglang.capture import load_sglang_capture
+
+        return load_sglang_capture(
+            model["path"],
+            hidden["aux_layers"],
+            hidden.get("final", "raw"),
+            hidden.get("sglang", {}),
+            trust_remote_code,
+            hidden["max_batch_tokens"],
+        )
+    from eagle3_datagen.backends.hf.capture import HFCapture
+
+    final = hidden.get("final", "raw")
+    return HFCapture(model["path"], hidden["aux_layers"], final, hidden.get("hf", {}), trust_remote_code)
+
+
+# The runner's side
+
+
+def serve(settings: dict) -> None:
+    """Load the model, then capture the node's shard requests until the supervisor stops this process."""
+    started = time.monotonic()
+    capture = load_capture(settings)
+    ranks = capture.ranks
+    requests = Path(os.environ[SERVICE_DIR_ENV]) / "requests"
+    if ranks.writer:
+        requests.mkdir(exist_ok=True)
+        log.info("capture runner loaded %s in %.1f s", settings["model"]["path"], time.monotonic() - started)
+        mark_loaded()
+    while True:
+        request = ranks.agree(_next_request(requests) if ranks.writer else None)
+        if request is None:
+            time.sleep(POLL_S)
+            continue
+        _capture_request(request, capture, requests)
+
+
+def _next_request(requests: Path) -> dict | None:
+    """The oldest request whose job is alive; requests of jobs that are gone are dropped."""
+    for path in sorted(requests.glob("*.request.json")):
+        with contextlib.suppress(OSError, ValueError):
+            request = read_json(path)
+            if pid_alive(request["pid"]):
+                return request
+        path.unlink(missing_ok=True)
+    return None
+
+
+def _capture_request(request: dict, capture: CaptureBackend, requests: Path) -> None:
+    rid, writer = request["id"], capture.ranks.writer
+    shard_log = logging.FileHandler(requests / f"{rid}.log") if writer else None
+    if shard_log:
+        shard_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(shard_log)
+    outcome = {"status": "failed"}
+    try:
+        log.info("capturing %s into %s for job %s", request["tokens"], request["out"], request["pid"])
+        samples = read_jsonl(request["tokens"])
+        job_gone = lambda: not pid_alive(request["pid"])  # noqa: E731
+        index = capture_shard(samples, request["out"], capture, request["settings"], cancelled=job_gone)
+        outcome = {"status": "done", "samples": len(samples), "index": index is not None}
+    except ShardCancelled as e:
+        log.warning("%s", e)
+        outcome = {"status": "cancelled"}
+    except Exception:
+        # The ranks may be out of step: this runner stops, the next job loads a fresh one.
+        outcome = {"status": "failed", "error": traceback.format_exc()}
+        raise
+    finally:
+        if writer:
+            logging.getLogger().removeHandler(shard_log)
+            shard_log.close()
+            write_json(requests / f"{rid}.done.json", outcome)
+            (requests / f"{rid}.request.json").unlink(missing_ok=True)
+
+
+# The job's side
+
+
+def capture_with_runner(
+    tokens: str | Path, out_dir: str | Path, settings: dict, threads: int, script: str | Path
+) -> None:
+    """Capture one shard through the node's runner (`script`, started if none runs), copying its log to ours."""
+    with using(runner_service(settings, threads, script)) as lease:
+        requests = lease.directory / "requests"
+        requests.mkdir(exist_ok=True)
+        rid = f"{time.time_ns():020d}-{os.getpid()}"
+        request = {
+            "id": rid,
+            "pid": os.getpid(),
+            "tokens": str(Path(tokens).resolve()),
+            "out": str(Path(out_dir).resolve()),
+            "settings": settings["hidden_states"],
+        }
+        write_json(requests / f"{rid}.request.json", request)
+        try:
+            outcome = _wait(lease, requests, rid)
+        finally:
+            for name in (f"{rid}.request.json", f"{rid}.done.json", f"{rid}.log"):
+                (requests / name).unlink(missing_ok=True)
+    if outcome["status"] != "done":
+        raise CaptureFailed(f"the capture runner failed on {tokens}:\n{outcome.get('error', outcome)}")
+
+
+def _wait(lease: Lease, requests: Path, rid: str) -> dict:
+    done, shard_log = requests / f"{rid}.done.json", requests / f"{rid}.log"
+    copied = 0
+    while True:
+        finished = done.exists()  # before the last copy: every line is in the log by then
+        with contextlib.suppress(OSError), open(shard_log, "rb") as f:
+            f.seek(copied)
+            chunk = f.read()
+            copied += len(chunk)
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.flush()
+        if finished:
+            return read_json(done)
+        if not lease.running():
+            raise ServerError(f"the capture runner exited while capturing ({lease.log}):\n{lease.log_tail()}")
+        time.sleep(POLL_S)
