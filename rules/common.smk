@@ -138,23 +138,33 @@ def check_slurm_requests():
 
 
 def get_slurm_requests():
-    """What each scheduled job asks SLURM for, read as the slurm executor plugin reads it."""
+    """What each scheduled submission asks SLURM for (a job, or a group job: one sbatch for its jobs),
+    read as the slurm executor plugin reads it."""
+    submissions = {}
+    for job in workflow.dag.needrun_jobs():
+        submitted = workflow.dag.get_job_group(job) or job
+        submissions[id(submitted)] = submitted
     return [
         cluster_fit.Request(
-            name=job.rule.name,
+            name=(
+                f"group {job.groupid} ({len(job.jobs)} jobs)"
+                if job.is_group()
+                else f"rule {job.rule.name}"
+            ),
             partition=job.resources.get("slurm_partition"),
             cpus=job.resources.get("cpus_per_task") or job.threads,
             mem_mb=job.resources.get("mem_mb", 0),
             runtime=job.resources.get("runtime", 0),
             gpus=job.resources.get("gpu", 0),
         )
-        for job in workflow.dag.needrun_jobs()
+        for job in submissions.values()
     ]
 
 
 def stop_node_service():
     """Where Snakemake runs on the node of a shared generation server or capture runner, the run's end
-    stops it as soon as no job uses it (else it stops when idle, or with its SLURM allocation)."""
+    stops it as soon as no job uses it (else it stops when idle, or with its SLURM allocation).
+    """
     from eagle3_datagen.backends.node_service import request_stop
 
     request_stop()

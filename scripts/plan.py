@@ -31,7 +31,10 @@ def main() -> None:
     # Only counting tokens needs the tokenizer (transformers, torch): --help and Snakemake's calls do not.
     from eagle3_datagen.reporting.plan import format_plan, make_plan, scheduled_jobs, scheduled_partitions
 
-    plan = make_plan(config, sorted(scheduled_partitions(dry_run)), jobs=scheduled_jobs(dry_run))
+    jobs = scheduled_jobs(dry_run)
+    # A cluster executor runs each job (or group job) in an allocation of its own: a node service loads in each.
+    executor = (yaml.safe_load((Path(args.profile) / "config.yaml").read_text()) or {}).get("executor", "local")
+    plan = make_plan(config, sorted(scheduled_partitions(jobs)), jobs=jobs, per_allocation=executor != "local")
     print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
 
 

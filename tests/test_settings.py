@@ -335,23 +335,26 @@ def test_changing_an_output_key_schedules_its_stage_and_what_depends_on_it(cover
         assert {p for _, p in jobs if p} <= partitions, jobs
 
 
-def test_the_plan_counts_one_server_load_and_reads_its_measured_load_time(tmp_path):
-    from eagle3_datagen.reporting.plan import plan_loads
+def test_the_plan_counts_one_load_per_node_or_allocation_and_reads_measured_load_times(tmp_path):
+    from eagle3_datagen.reporting.plan import ScheduledJob, plan_loads
 
     config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
-    jobs = [(rule, p) for p in ("B1_glaive", "B3_magicoder") for rule in ("responses", "hidden_states") * 16]
+    shards = [(p, s) for p, n in (("B1_glaive", 16), ("B3_magicoder_evol", 8), ("B3_magicoder_oss", 8)) for s in range(n)]
+    jobs = [ScheduledJob(rule, p, None) for p, _ in shards for rule in ("responses_sglang_server", "hidden_states")]
     loads = plan_loads(config, jobs, tmp_path)
-    server = {"loads": 1, "seconds_each": 600.0, "basis": "plan.load_seconds", "hours": 1 / 6}
-    assert loads["generation_server"] == server
-    assert loads["capture_runner"]["loads"] == 32
+    once = {"loads": 1, "seconds_each": 600.0, "basis": "plan.load_seconds", "hours": 1 / 6}
+    assert loads == {"generation_server": once, "capture_runner": once}  # one node: each loads once
+    # Under SLURM, once per allocation: 2 group jobs of 16 shards each, and one job outside any group.
+    grouped = [ScheduledJob("hidden_states", p, n // 16) for n, (p, _) in enumerate(shards)]
+    grouped.append(ScheduledJob("hidden_states", "B1_glaive", None))
+    assert plan_loads(config, grouped, tmp_path, per_allocation=True)["capture_runner"]["loads"] == 3
     (tmp_path / "sglang_server").mkdir()
     (tmp_path / "sglang_server" / "server.log").write_text(
-        "2026-12-03 18:00:00,000 INFO eagle3_datagen.backends.sglang.server: starting the SGLang server: ...\n"
+        "2026-12-03 18:00:00,000 INFO __main__: starting the SGLang server on gpu-1: ...\n"
         "[2026-12-03 18:00:05] some SGLang line\n"
-        "2026-12-03 18:04:10,500 INFO eagle3_datagen.backends.sglang.server: SGLang server healthy at http://x\n"
-        "2026-12-03 19:00:00,000 INFO eagle3_datagen.backends.sglang.server: starting the SGLang server: ...\n"
-        "2026-12-03 19:03:59,500 INFO eagle3_datagen.backends.sglang.server: SGLang server healthy at http://x\n"
+        "2026-12-03 18:04:10,500 INFO __main__: SGLang server ready after 250.5 s\n"
     )
+    (tmp_path / "sglang_server" / "server.slurm-7.log").write_text("x INFO __main__: SGLang server ready after 239.5 s\n")
     measured = plan_loads(config, jobs, tmp_path)["generation_server"]
     assert measured["seconds_each"] == pytest.approx((250.5 + 239.5) / 2) and measured["basis"].startswith("measured")
-    assert plan_loads(config, [("tokens", "B1_glaive")], tmp_path)["generation_server"]["loads"] == 0
+    assert plan_loads(config, [ScheduledJob("tokens", "B1_glaive", None)], tmp_path)["generation_server"]["loads"] == 0

@@ -186,13 +186,13 @@ def test_sinfo_nodes_are_parsed():
 
 def test_requests_no_node_can_meet_are_named_with_the_fix():
     nodes = cluster_fit.parse_sinfo("cpu*|2|22000|(null)|1:00:00\ngpu|2|22000|gpu:8|infinite\n")
-    fits = cluster_fit.Request("tokens", None, 2, 3000, 30, 0)
+    fits = cluster_fit.Request("rule tokens", None, 2, 3000, 30, 0)
     assert cluster_fit.problems([fits, fits], nodes) == []
-    too_many_cpus = cluster_fit.Request("hidden_states", "cpu", 32, 3000, 30, 0)
-    too_long = cluster_fit.Request("probe", "cpu", 1, 3000, 61, 0)
-    gpus_on_cpu = cluster_fit.Request("responses", "cpu", 1, 3000, 30, 8)
-    gpus_on_gpu = cluster_fit.Request("responses", "gpu", 1, 3000, 30, 8)
-    no_such = cluster_fit.Request("export", "bigmem", 1, 1, 1, 0)
+    too_many_cpus = cluster_fit.Request("rule hidden_states", "cpu", 32, 3000, 30, 0)
+    too_long = cluster_fit.Request("rule probe", "cpu", 1, 3000, 61, 0)
+    gpus_on_cpu = cluster_fit.Request("rule responses", "cpu", 1, 3000, 30, 8)
+    gpus_on_gpu = cluster_fit.Request("rule responses", "gpu", 1, 3000, 30, 8)
+    no_such = cluster_fit.Request("rule export", "bigmem", 1, 1, 1, 0)
     found = cluster_fit.problems([too_many_cpus, too_long, gpus_on_cpu, gpus_on_gpu, no_such], nodes)
     assert found == [
         "rule export: partition 'bigmem' does not exist (cpus_per_task=1, mem_mb=1, runtime=1, gpu=0)",

@@ -17,6 +17,7 @@ from snakemake.utils import validate
 
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
+from eagle3_datagen.reporting.plan import scheduled_jobs
 from eagle3_datagen.stages.tokens import loss_spans
 from tests.doubles.loopback import Loopback, serve_in_thread
 
@@ -31,13 +32,8 @@ def shards(partition):
 
 
 def scheduled(output: str) -> list[tuple[str, str]]:
-    """(rule, partition or '') of every job a verbose dry-run lists."""
-    jobs = []
-    for block in output.split("\nrule ")[1:]:
-        rule = block.split(":", 1)[0].strip()
-        match = re.search(r"wildcards: partition=([\w.-]+)", block)
-        jobs.append((rule, match.group(1) if match else ""))
-    return jobs
+    """(rule, partition or '') of every job a verbose dry-run lists, as the plan reads them."""
+    return [(job.rule, job.partition or "") for job in scheduled_jobs(output)]
 
 
 def test_readme_gives_demo_and_test_commands():

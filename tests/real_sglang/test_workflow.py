@@ -32,6 +32,7 @@ from .conftest import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS, SGLANG_CPU_ENV
 PARTITIONS = {"demo_sharegpt": 3, "demo_alpaca": 3}
 ADDED = {"demo_openai": 2}
 SERVER_STARTED = "starting the SGLang server"
+RUNNER_STARTED = "starting the capture runner"
 MAIN_VENV_BIN = REPO / ".venv" / "bin"
 
 
@@ -121,7 +122,7 @@ def test_one_server_answered_every_partition_with_greedy_ids(sglang_run):
     tokenizer = load_tokenizer(model_dir)
     template_kwargs = {"enable_thinking": False}
     server_log = (sglang_run / "logs/sglang_server/server.log").read_text()
-    # 6 shard jobs, one server: started once, and stopped by the first capture job (the node's GPUs)
+    # 6 shard jobs, one server: started once, and stopped for the first capture job (the node's GPUs)
     assert server_log.count(SERVER_STARTED) == 1 and server_log.count("The server is fired up") == 1
     assert server_log.count("no job uses the SGLang server; stopping it") == 1
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -149,6 +150,20 @@ def test_tokens_are_the_server_ids_never_a_semantic_mismatch(sglang_run):
             # bpe_only: the tiny model emits the same text in other token splits than the tokenizer's own.
             assert compared == audit["counts"]["ids_from_server"] > 0 and kinds["semantic"] == 0
             assert kinds["exact"] + kinds["bpe_only"] == compared
+
+
+def test_one_capture_runner_loaded_once_captured_every_shard(sglang_run):
+    """6 hidden-state jobs, one runner: SGLang's model runner under torchrun, loaded once, its ranks kept
+    alive from shard to shard; started after the generation server stopped, stopped at the run's end."""
+    runner_log = (sglang_run / "logs/capture_runner/runner.log").read_text()
+    assert runner_log.count(RUNNER_STARTED) == 1 and runner_log.count("capture runner ready after") == 1
+    assert runner_log.count("capture runner loaded") == 1  # rank 0's log line, once per load
+    captured = [line.split(" into ")[1].split(" for job")[0] for line in runner_log.splitlines() if "capturing " in line]
+    assert sorted(Path(p).relative_to(sglang_run).as_posix() for p in captured) == [
+        f"results/{p}/hidden/{s:05d}" for p, n in sorted(PARTITIONS.items()) for s in range(n)
+    ]
+    assert "torchrun --standalone --nproc-per-node 1" in runner_log
+    assert runner_log.count("no job uses the capture runner; stopping it") == 1
 
 
 def test_hidden_states_are_sglang_captures_equal_to_transformers(sglang_run):
@@ -225,6 +240,12 @@ def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run
     # one start for the first run, one for the added partition: the rerun after the kill used the
     # server that outlived it
     assert server_log.count(SERVER_STARTED) == 2
+    # the added partition's shards, and only those, captured by one more runner
+    runner_log = (work / "logs/capture_runner/runner.log").read_text()
+    assert runner_log.count(RUNNER_STARTED) == 2
+    later = runner_log.split(RUNNER_STARTED)[2]
+    assert sorted(line.split(" into ")[1].split("/results/")[1].split(" ")[0] for line in later.splitlines()
+                  if "capturing " in line) == ["demo_openai/hidden/00000", "demo_openai/hidden/00001"]  # fmt: skip
     rows_added = [r for s in range(2) for r in read_jsonl(work / f"results/demo_openai/responses/{s:05d}.jsonl.zst")]
     prompts_added = [r for s in range(2) for r in read_jsonl(work / f"results/demo_openai/prompts/{s:05d}.jsonl.zst")]
     assert [r["id"] for r in rows_added] == [p["id"] for p in prompts_added]

@@ -6,9 +6,10 @@ counted by rendering each prompt with the model's own chat template; completion 
 estimated from the configured max tokens (an upper bound) or, when earlier response shards
 exist, from their observed completion tokens per turn. No model is loaded or called.
 
-It also counts how often each big model loads in the planned run: the generation server once per
-run on the node when any scheduled shard needs it (the shard jobs share it), the capture runner once
-per scheduled hidden-state job, each at `plan.load_seconds` or what a first run's logs measured.
+It also counts how often each big model loads in the planned run: the generation server and the
+capture runner once on the node when any scheduled shard needs it (the node's shard jobs share it);
+under a cluster executor once per allocation (a group job, or a job outside any group); each load at
+`plan.load_seconds`, or what the services' logs measured in earlier runs.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from __future__ import annotations
 import re
 import shutil
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple
 
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.formats.checkpoint import text_config
@@ -27,58 +28,80 @@ from eagle3_datagen.formats.hidden_shard import resolve_aux_layers
 from eagle3_datagen.workflow.settings import inference_backend, served_by_launched_server, shard_names
 
 
-def scheduled_jobs(dry_run_output: str) -> list[tuple[str, str | None]]:
-    """(rule, partition or None) of every job in a dry-run's listing (`snakemake -n`)."""
-    jobs = []
-    for block in dry_run_output.split("\nrule ")[1:]:
-        match = re.search(r"wildcards: partition=([\w.-]+)", block)
-        jobs.append((block.split(":", 1)[0].strip(), match.group(1) if match else None))
+class ScheduledJob(NamedTuple):
+    rule: str
+    partition: str | None
+    group: int | None  # the group job (one allocation under a cluster executor) it runs in, if any
+
+
+_GROUP = re.compile(r"^\[.*?\] Group job (\S+)")
+_RULE = re.compile(r"^(\s*)rule (\S+):$")
+_PARTITION = re.compile(r"^\s*wildcards: partition=([\w.-]+)")
+
+
+def scheduled_jobs(dry_run_output: str) -> list[ScheduledJob]:
+    """Every job a dry-run lists (`snakemake -n`), with the group job it belongs to: a group's jobs are
+    listed indented under its "Group job NAME" line."""
+    jobs: list[ScheduledJob] = []
+    groups = 0
+    in_group = False
+    for line in dry_run_output.splitlines():
+        if _GROUP.match(line):
+            groups += 1
+            in_group = True
+        elif match := _RULE.match(line):
+            in_group = in_group and bool(match[1])
+            jobs.append(ScheduledJob(match[2], None, groups if in_group else None))
+        elif (match := _PARTITION.match(line)) and jobs:
+            jobs[-1] = jobs[-1]._replace(partition=match[1])
     return jobs
 
 
 RESPONSE_RULES = ("responses", "responses_sglang_server")
 
 
-def scheduled_partitions(dry_run_output: str, rules: tuple[str, ...] = (*RESPONSE_RULES, "hidden_states")) -> set[str]:
-    """Partitions with a job of `rules` in a dry-run's listing (`snakemake -n`)."""
-    return {p for rule, p in scheduled_jobs(dry_run_output) if rule in rules and p}
+def scheduled_partitions(jobs: list[ScheduledJob], rules=(*RESPONSE_RULES, "hidden_states")) -> set[str]:
+    """Partitions with a job of `rules` among `jobs`."""
+    return {job.partition for job in jobs if job.rule in rules and job.partition}
 
 
 DEFAULT_LOAD_SECONDS = {"generation_server": 600.0, "capture_runner": 600.0}
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+# What each model's service writes once it is ready (backends/node_service.py), in its logs under logs/.
+SERVICE_LOGS = {
+    "generation_server": ("sglang_server/server*.log", re.compile(r"SGLang server ready after ([\d.]+) s")),
+    "capture_runner": ("capture_runner/runner*.log", re.compile(r"capture runner ready after ([\d.]+) s")),
+}
 
 
-def _stamp(line: str) -> datetime | None:
-    match = _STAMP.match(line)
-    return datetime.strptime(f"{match[1]}.{match[2]}", "%Y-%m-%d %H:%M:%S.%f") if match else None
+def measured_loads(logs: Path, model: str) -> list[float]:
+    """Seconds from each start of `model`'s service to its being ready, from its logs."""
+    pattern, ready = SERVICE_LOGS[model]
+    texts = [path.read_text(errors="replace") for path in sorted(logs.glob(pattern))]
+    return [float(match[1]) for text in texts for match in ready.finditer(text)]
 
 
-def measured_server_loads(server_log: Path) -> list[float]:
-    """Seconds from each start of the generation server to its first healthy answer, from its log."""
-    loads, started = [], None
-    for line in server_log.read_text(errors="replace").splitlines() if server_log.exists() else []:
-        if "starting the SGLang server" in line:
-            started = _stamp(line)
-        elif "SGLang server healthy" in line and started and (at := _stamp(line)):
-            loads.append((at - started).total_seconds())
-            started = None
-    return loads
+def count_loads(jobs: list[ScheduledJob], per_allocation: bool) -> int:
+    """How many times a node service that `jobs` share loads: once on the node (local and gpu profiles);
+    under a cluster executor once per allocation, i.e. per group job, and per job outside any group."""
+    if not per_allocation:
+        return int(bool(jobs))
+    return len({job.group for job in jobs if job.group is not None}) + sum(job.group is None for job in jobs)
 
 
-def plan_loads(config: dict, jobs: list[tuple[str, str | None]], logs: str | Path = "logs") -> dict:
+def plan_loads(config: dict, jobs: list[ScheduledJob], logs: str | Path = "logs", per_allocation: bool = False) -> dict:
     """Per model: how many times the planned run loads it, seconds per load (and their basis), hours."""
     served = {p for p in config["partitions"] if served_by_launched_server(config, p)}
+    generating = [j for j in jobs if j.rule in RESPONSE_RULES and j.partition in served]
+    capturing = [j for j in jobs if j.rule == "hidden_states"]
+    # the shard jobs of a node (an allocation) share one server, and one capture runner
     counts = {
-        # the shard jobs on the node share one server; under SLURM, one per allocation (README)
-        "generation_server": int(any(rule in RESPONSE_RULES and p in served for rule, p in jobs)),
-        # every hidden-state job starts its own runner and loads the model
-        "capture_runner": sum(rule == "hidden_states" for rule, _ in jobs),
+        "generation_server": count_loads(generating, per_allocation),
+        "capture_runner": count_loads(capturing, per_allocation),
     }
     configured = {**DEFAULT_LOAD_SECONDS, **((config.get("plan") or {}).get("load_seconds") or {})}
-    measured = {"generation_server": measured_server_loads(Path(logs) / "sglang_server" / "server.log")}
     loads = {}
     for model, count in counts.items():
-        seen = measured.get(model)
+        seen = measured_loads(Path(logs), model)
         seconds = sum(seen) / len(seen) if seen else configured[model]
         basis = f"measured, mean of {len(seen)} in logs/" if seen else "plan.load_seconds"
         loads[model] = {"loads": count, "seconds_each": seconds, "basis": basis, "hours": count * seconds / 3600}
@@ -193,10 +216,12 @@ def make_plan(
     config: dict,
     partitions: list[str],
     results: str | Path = "results",
-    jobs: list[tuple[str, str | None]] | None = None,
+    jobs: list[ScheduledJob] | None = None,
     logs: str | Path = "logs",
+    per_allocation: bool = False,
 ) -> dict:
-    """`jobs`: the dry-run's (rule, partition), to count model loads (none counted without them)."""
+    """`jobs`: the dry-run's, to count model loads (none counted without them); `per_allocation`: the
+    run submits its jobs to a cluster (each job or group job is an allocation of its own)."""
     results = Path(results)
     tokenizer = load_tokenizer(config["model"]["path"], config["model"].get("trust_remote_code", False))
     rows = [plan_partition(config, p, tokenizer, results) for p in sorted(partitions)]
@@ -212,7 +237,7 @@ def make_plan(
     return {
         "partitions": [asdict(r) for r in rows],
         "total": total,
-        "loads": plan_loads(config, jobs or [], logs),
+        "loads": plan_loads(config, jobs or [], logs, per_allocation),
         "free_disk_bytes": free,
         "exceeds_free_disk": total["hidden_bytes"] > free,
     }

@@ -32,7 +32,7 @@ class Node:
 
 @dataclass(frozen=True)
 class Request:
-    name: str  # the rule
+    name: str  # what is submitted: "rule NAME", or "group NAME (...)" for a group job
     partition: str | None  # None: the cluster's default partition
     cpus: int
     mem_mb: int
@@ -107,12 +107,12 @@ def problems(requests: list[Request], nodes: list[Node]) -> list[str]:
         candidates = [n for n in nodes if n.partition == partition]
         asks = f"cpus_per_task={request.cpus}, mem_mb={request.mem_mb}, runtime={request.runtime}, gpu={request.gpus}"
         if not candidates:
-            lines.append(f"rule {request.name}: partition {partition!r} does not exist ({asks})")
+            lines.append(f"{request.name}: partition {partition!r} does not exist ({asks})")
         elif not any(fits(request, n) for n in candidates):
             largest = max(candidates, key=lambda n: (n.cpus, n.mem_mb, n.gpus))
             limit = largest.max_minutes if largest.max_minutes is not None else "unlimited"
             lines.append(
-                f"rule {request.name} asks partition {partition!r} for {asks}; its largest node "
+                f"{request.name} asks partition {partition!r} for {asks}; its largest node "
                 f"has {largest.cpus} CPUs, {largest.mem_mb} MB, {largest.gpus} GPUs, time limit "
                 f"{limit}"
             )
@@ -126,5 +126,6 @@ def check(requests: list[Request], nodes: list[Node]) -> None:
             "SLURM could never start these jobs (sbatch would leave them pending forever):\n  "
             + "\n  ".join(found)
             + "\nSet resources.jobs.<rule> in the config (heavy rules), or the profile's "
-            "default-resources and --max-threads (other rules), to what the nodes have."
+            "default-resources and --max-threads (other rules), to what the nodes have; a group job asks for "
+            "the sum of its jobs' runtimes (fewer per group: the profile's group-components)."
         )
