@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-pytest_plugins = ["tests.skip_policy", "pytester"]
+pytest_plugins = ["tests.skip_policy", "pytester", "tests.slurm"]
 WORKFLOW_FILES = [
     "Snakefile",
     "config.yaml",

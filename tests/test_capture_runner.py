@@ -64,18 +64,21 @@ def test_shard_jobs_share_one_runner_and_write_what_an_in_process_capture_writes
     for number, samples in enumerate(shards):
         write_jsonl_zst(tmp_path / f"{number}.jsonl.zst", samples)
     for number in range(3):
-        assert hidden_job(tmp_path, tmp_path / f"{number}.jsonl.zst", tmp_path / f"out{number}", settings(tiny_model_dir)).wait() == 0
+        tokens, out = tmp_path / f"{number}.jsonl.zst", tmp_path / f"out{number}"
+        assert hidden_job(tmp_path, tokens, out, settings(tiny_model_dir)).wait() == 0
     log = runner_log(tmp_path)
     assert log.count("starting the capture runner") == 1 and log.count("capture runner ready after") == 1
     assert log.count("capturing ") == 3
     job_log = (tmp_path / "out1.log").read_text()
     assert "using the capture runner already running on this node" in job_log
-    assert "part 0: " in job_log and f"capturing {tmp_path / '1.jsonl.zst'}" in job_log  # the runner's lines for this shard
+    # the runner's lines for this shard
+    assert "part 0: " in job_log and f"capturing {tmp_path / '1.jsonl.zst'}" in job_log
 
     torch.set_num_threads(1)  # as the runner: --threads 1
     capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32"})
+    hidden = settings(tiny_model_dir)["hidden_states"]
     for number, samples in enumerate(shards):
-        reference = capture_shard(samples, tmp_path / f"ref{number}", capture, settings(tiny_model_dir)["hidden_states"])
+        reference = capture_shard(samples, tmp_path / f"ref{number}", capture, hidden)
         written = json.loads((tmp_path / f"out{number}/index.json").read_text())
         assert written["parts"] == reference["parts"]  # byte-identical parts (their checksums)
         assert HiddenShard(tmp_path / f"out{number}").ids == [s["id"] for s in samples]
@@ -109,11 +112,12 @@ def test_a_failed_shard_fails_its_job_and_a_runner_for_other_settings_replaces_t
     missing = hidden_job(tmp_path, tmp_path / "missing.jsonl.zst", tmp_path / "o1", settings(tiny_model_dir))
     assert missing.wait() == 1
     job_log = (tmp_path / "o1.log").read_text()
-    assert "the capture runner failed on" in job_log and "missing.jsonl.zst: file not found" not in job_log
-    assert "No such file or directory" in job_log
+    assert "the capture runner failed on" in job_log and "FileNotFoundError" in job_log
+    assert "missing.jsonl.zst" in job_log
     # The runner stopped after the error; the next job loads a fresh one, with other load settings: another key.
-    assert hidden_job(tmp_path, tmp_path / "t.jsonl.zst", tmp_path / "o2", settings(tiny_model_dir)).wait() == 0
-    assert hidden_job(tmp_path, tmp_path / "t.jsonl.zst", tmp_path / "o3", settings(tiny_model_dir, final="normed")).wait() == 0
+    tokens = tmp_path / "t.jsonl.zst"
+    assert hidden_job(tmp_path, tokens, tmp_path / "o2", settings(tiny_model_dir)).wait() == 0
+    assert hidden_job(tmp_path, tokens, tmp_path / "o3", settings(tiny_model_dir, final="normed")).wait() == 0
     log = runner_log(tmp_path)
     assert log.count("capture runner ready after") == 3
     assert log.count("no job uses the capture runner; stopping it") == 1  # replaced for final: normed

@@ -339,7 +339,8 @@ def test_the_plan_counts_one_load_per_node_or_allocation_and_reads_measured_load
     from eagle3_datagen.reporting.plan import ScheduledJob, plan_loads
 
     config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
-    shards = [(p, s) for p, n in (("B1_glaive", 16), ("B3_magicoder_evol", 8), ("B3_magicoder_oss", 8)) for s in range(n)]
+    counts = (("B1_glaive", 16), ("B3_magicoder_evol", 8), ("B3_magicoder_oss", 8))
+    shards = [(p, s) for p, n in counts for s in range(n)]
     jobs = [ScheduledJob(rule, p, None) for p, _ in shards for rule in ("responses_sglang_server", "hidden_states")]
     loads = plan_loads(config, jobs, tmp_path)
     once = {"loads": 1, "seconds_each": 600.0, "basis": "plan.load_seconds", "hours": 1 / 6}
@@ -354,7 +355,7 @@ def test_the_plan_counts_one_load_per_node_or_allocation_and_reads_measured_load
         "[2026-12-03 18:00:05] some SGLang line\n"
         "2026-12-03 18:04:10,500 INFO __main__: SGLang server ready after 250.5 s\n"
     )
-    (tmp_path / "sglang_server" / "server.slurm-7.log").write_text("x INFO __main__: SGLang server ready after 239.5 s\n")
+    (tmp_path / "sglang_server" / "server.slurm-7.log").write_text("INFO __main__: SGLang server ready after 239.5 s\n")
     measured = plan_loads(config, jobs, tmp_path)["generation_server"]
     assert measured["seconds_each"] == pytest.approx((250.5 + 239.5) / 2) and measured["basis"].startswith("measured")
     assert plan_loads(config, [ScheduledJob("tokens", "B1_glaive", None)], tmp_path)["generation_server"]["loads"] == 0

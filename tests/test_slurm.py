@@ -1,16 +1,8 @@
-"""The SLURM profile run for real: `snakemake --profile profiles/slurm` on a single-node cluster.
-
-tests/slurm/cluster.sh starts Debian's slurm-wlm (slurmctld, slurmd), slurmdbd on a private
-MariaDB (the executor plugin reads job status with `sacct`) and munge, with a `cpu` and a `gpu`
-partition; the fixture stops every daemon by its pidfile, also when a test fails. The `gpu`
-partition's 8 GPUs are character devices without a GPU behind them: SLURM schedules, allocates and
-accounts them for real, the jobs compute on CPU (this machine has no GPU).
+"""The SLURM profile run for real: `snakemake --profile profiles/slurm` on the single-node test
+cluster (tests/slurm). tests/real_sglang/test_workflow.py runs the SGLang workflow there too.
 """
 
 import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,33 +11,8 @@ from snakemake.utils import validate
 
 from eagle3_datagen.workflow import cluster_fit
 
-from .conftest import REPO, copy_workflow, run, snakemake
-
-CLUSTER = REPO / "tests/slurm/cluster.sh"
-needs_cluster = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("slurmctld") is None or shutil.which("slurmdbd") is None,
-    reason="needs root and Debian's slurm-wlm, slurmdbd, munge and mariadb-server (`make test` installs them as root)",
-)
-# The node has the CI machine's cores and memory; these requests fit it (a site sets its own).
-NODE_SIZED = {"resources": {"jobs": {"hidden_states": {"mem_mb": 3000, "cpus_per_task": 2, "runtime": 30}}}}
-SLURM_ARGS = [
-    "--profile", "profiles/slurm",
-    "--default-resources", "mem_mb=3000", "runtime=30", "nodes=1", "slurm_partition=cpu",
-    # The local demo runs with 2 cores, so no rule gets more threads there either.
-    "--max-threads", "2",
-    # The production profile's poll interval is Snakemake's default; a test waits less.
-    "--seconds-between-status-checks", "3", "--slurm-init-seconds-before-status-checks", "3",
-]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory):
-    state = tmp_path_factory.mktemp("slurm")
-    try:
-        run([str(CLUSTER), "start", str(state)], REPO)
-        yield state
-    finally:
-        run([str(CLUSTER), "stop", str(state)], REPO, check=False)
+from .conftest import REPO, copy_workflow, snakemake
+from .slurm import NODE_SIZED, SLURM_ARGS, sacct_jobs, without_timings
 
 
 def demo_config(**overrides) -> dict:
@@ -53,25 +20,6 @@ def demo_config(**overrides) -> dict:
     return {**config, **overrides}
 
 
-def without_timings(value):
-    """A JSON value without wall-clock fields (`seconds`, `..._per_s`): no two runs agree on them."""
-    if isinstance(value, dict):
-        return {k: without_timings(v) for k, v in value.items() if k != "seconds" and not k.endswith("_per_s")}
-    if isinstance(value, list):
-        return [without_timings(v) for v in value]
-    return value
-
-
-def sacct_jobs() -> list[dict]:
-    out = subprocess.run(
-        ["sacct", "-a", "-X", "-n", "-P", "-o", "JobID,Comment,Partition,AllocTRES,State"],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    keys = ["id", "comment", "partition", "tres", "state"]
-    return [dict(zip(keys, line.split("|"), strict=True)) for line in out.splitlines() if line]
-
-
-@needs_cluster
 def test_a_request_no_node_can_meet_fails_before_any_submission(slurm_cluster, tmp_path):
     work = copy_workflow(tmp_path / "wf")
     # The demo config as shipped: hidden_states keeps the production 512,000 MB and 32 CPUs.
@@ -81,12 +29,12 @@ def test_a_request_no_node_can_meet_fails_before_any_submission(slurm_cluster, t
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "SLURM could never start these jobs" in out
-    assert "rule hidden_states asks partition 'cpu' for cpus_per_task=32, mem_mb=512000" in out
+    # the 5 shard jobs are one group job (the profile), one after another on one node: its runtime adds up
+    assert "group capture (5 jobs) asks partition 'cpu' for cpus_per_task=32, mem_mb=512000, runtime=7200" in out
     assert "resources.jobs.<rule>" in out
     assert len(sacct_jobs()) == before  # nothing was submitted
 
 
-@needs_cluster
 def test_prompt_jobs_under_slurm_match_the_local_run(slurm_cluster, tmp_path):
     """Every prompts job through sbatch and sacct, one of them on the gpu partition with gpu=8."""
     targets = [
@@ -116,8 +64,9 @@ def test_prompt_jobs_under_slurm_match_the_local_run(slurm_cluster, tmp_path):
 
 
 # One partition's whole chain, every kind of per-partition job: the demo model, prompts, responses,
-# tokens, hidden states (on the gpu partition), probe, both exports and the partition's summary. The
-# rules that combine partitions (vocab, summary.html) are CPU jobs like these and run in the local demo.
+# tokens, hidden states (on the gpu partition, a group job as the profile makes it), probe, both exports
+# and the partition's summary. The rules that combine partitions (vocab, summary.html) are CPU jobs like
+# these and run in the local demo. tests/real_sglang/test_workflow.py runs 2 x 3 shards this way.
 ONE_PARTITION = [
     "results/demo_alpaca/export/specforge",
     "results/demo_alpaca/export/speculators",
@@ -125,7 +74,6 @@ ONE_PARTITION = [
 ]
 
 
-@needs_cluster
 def test_a_partition_under_slurm_matches_the_local_demo(slurm_cluster, demo_dir, tmp_path):
     work = copy_workflow(tmp_path / "wf")
     (work / "slurm.yaml").write_text(yaml.safe_dump(demo_config(**NODE_SIZED)))
@@ -140,13 +88,23 @@ def test_a_partition_under_slurm_matches_the_local_demo(slurm_cluster, demo_dir,
     ran = sorted(job["comment"].split("_wildcards")[0] for job in jobs)
     assert all(job["state"] == "COMPLETED" for job in jobs), jobs
     assert ran == sorted(
-        ["rule_build_demo_model", "rule_prompts_demo_alpaca", "rule_responses", "rule_tokens", "rule_hidden_states",
-         "rule_probe", "rule_export", "rule_export", "rule_partition_summary"]
+        ["rule_build_demo_model", "rule_prompts_demo_alpaca", "rule_responses", "rule_tokens",
+         "rule_capture_hidden_states", "rule_probe", "rule_export", "rule_export", "rule_partition_summary"]
     )  # fmt: skip
-    hidden = [job for job in jobs if job["comment"].startswith("rule_hidden_states")]
-    assert all(job["partition"] == "gpu" and "gres/gpu=8" in job["tres"] for job in hidden), hidden
-    others = [job for job in jobs if job not in hidden]
+    [capture] = [job for job in jobs if job["comment"] == "rule_capture_hidden_states"]
+    assert capture["partition"] == "gpu" and "gres/gpu=8" in capture["tres"] and "node=1" in capture["tres"]
+    others = [job for job in jobs if job is not capture]
     assert all(job["partition"] == "cpu" and "gres/gpu" not in job["tres"] for job in others), others
+    # In the allocation: the shard job's step and the capture runner's, on the allocation's node, in a
+    # step of its own (not the shard job's, whose leftovers SLURM kills when it ends).
+    steps = [step for step in sacct_jobs(capture["id"], steps=True) if step["id"].partition(".")[2].isdigit()]
+    runner_steps = [step for step in steps if step["name"] == "capture-runner"]
+    assert len(steps) == 2 and len(runner_steps) == 1, steps
+    runner_log = (work / f"logs/capture_runner/runner.slurm-{capture['id']}.log").read_text()
+    step = runner_steps[0]["id"].split(".")[1]
+    started = f"starting the capture runner on {capture['node']} (SLURM job {capture['id']}, step {step})"
+    assert runner_log.count("starting the capture runner") == 1 and started in runner_log
+    assert runner_log.count(" capturing ") == 1
 
     slurm = {p.relative_to(work): p for p in (work / "results").rglob("*") if p.is_file()}
     local = {name: demo_dir / name for name in slurm}
@@ -170,8 +128,8 @@ def test_a_partition_under_slurm_matches_the_local_demo(slurm_cluster, demo_dir,
     for name in differ:
         if name.suffix == ".json":
             assert comparable(name, local[name].read_text()) == comparable(name, slurm[name].read_text()), name
-    assert Path("results/demo_alpaca/hidden/00000/part-00000.safetensors") in slurm
-    assert Path("results/demo_alpaca/hidden/00000/part-00000.safetensors") not in differ
+    part = Path("results/demo_alpaca/hidden/00000/part-00000.safetensors")
+    assert part in slurm and part not in differ
     assert Path("results/demo/model/model.safetensors") in slurm
 
 

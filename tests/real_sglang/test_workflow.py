@@ -1,6 +1,7 @@
 """The workflow end to end with SGLang doing the model's work: `inference.backend: sglang` (one launched
 `sglang.launch_server` on the node, shared by every shard job) and `hidden_states.backend: sglang`
-(SGLang's model runner under torchrun), on the CPU, nothing stood in.
+(SGLang's model runner under torchrun, one capture runner shared by every shard job), on the CPU,
+nothing stood in; locally, and the same run under `--profile slurm` on the SLURM test cluster.
 
 Snakemake and the CPU stages run in the project's venv as a user's run does; only the server and the
 torchrun ranks run in .venv-sglang, through two small wrappers that set the CPU settings of conftest.
@@ -11,6 +12,7 @@ partition does not refit it (the demo fits its model to every partition).
 import base64
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -27,6 +29,7 @@ from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 
 from ..conftest import REPO, copy_workflow
+from ..slurm import NODE_SIZED, SLURM_ARGS, sacct_jobs, without_timings
 from .conftest import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS, SGLANG_CPU_ENV
 
 PARTITIONS = {"demo_sharegpt": 3, "demo_alpaca": 3}
@@ -56,9 +59,9 @@ def snakemake_env(work: Path) -> dict:
 SNAKEMAKE = ["--profile", "local", "--resources", "gpu=1", "--configfile"]
 
 
-def snakemake_run(work: Path, config: str, *args: str, check=True) -> subprocess.CompletedProcess:
+def snakemake_run(work: Path, config: str, *args: str, check=True, profile=SNAKEMAKE) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [str(MAIN_VENV_BIN / "snakemake"), *args, *SNAKEMAKE, config],  # --configfile takes every word after it
+        [str(MAIN_VENV_BIN / "snakemake"), *args, *profile, config],  # --configfile takes every word after it
         cwd=work,
         env=snakemake_env(work),
         capture_output=True,
@@ -91,13 +94,19 @@ def run_config(partitions: dict) -> dict:
     return config
 
 
-@pytest.fixture(scope="module")
-def sglang_run(tmp_path_factory):
-    work = copy_workflow(tmp_path_factory.mktemp("sglang-workflow") / "wf")
+def sglang_workflow(parent: Path) -> Path:
+    """A copy of the workflow whose launched server and capture runner run in .venv-sglang."""
+    work = copy_workflow(parent / "wf")
     bin_dir = work / "sglang-bin"
     bin_dir.mkdir()
     wrapper(bin_dir / "torchrun", "torchrun")
     wrapper(bin_dir / "sglang-python", "python")
+    return work
+
+
+@pytest.fixture(scope="module")
+def sglang_run(tmp_path_factory):
+    work = sglang_workflow(tmp_path_factory.mktemp("sglang-workflow"))
     demo = yaml.safe_load((REPO / "config.yaml").read_text())
     (work / "demo.yaml").write_text(yaml.safe_dump(demo))
     snakemake_run(work, "demo.yaml", "results/demo/model")
@@ -158,7 +167,8 @@ def test_one_capture_runner_loaded_once_captured_every_shard(sglang_run):
     runner_log = (sglang_run / "logs/capture_runner/runner.log").read_text()
     assert runner_log.count(RUNNER_STARTED) == 1 and runner_log.count("capture runner ready after") == 1
     assert runner_log.count("capture runner loaded") == 1  # rank 0's log line, once per load
-    captured = [line.split(" into ")[1].split(" for job")[0] for line in runner_log.splitlines() if "capturing " in line]
+    lines = [line for line in runner_log.splitlines() if " capturing " in line]
+    captured = [line.split(" into ")[1].split(" for job")[0] for line in lines]
     assert sorted(Path(p).relative_to(sglang_run).as_posix() for p in captured) == [
         f"results/{p}/hidden/{s:05d}" for p, n in sorted(PARTITIONS.items()) for s in range(n)
     ]
@@ -185,6 +195,64 @@ def test_hidden_states_are_sglang_captures_equal_to_transformers(sglang_run):
         probe = json.loads((sglang_run / f"results/report/{partition}.json").read_text())["probe"]
         assert probe["verdicts"] == {"ok": shards} and probe["last_turn"]["top1_agreement"] >= 0.98
     assert (sglang_run / "results/report/summary.html").stat().st_size > 0
+
+
+@pytest.fixture(scope="module")
+def slurm_run(sglang_run, slurm_cluster, tmp_path_factory):
+    """The same 2 x 3 run under `--profile slurm` on the test cluster (tests/slurm), from the same model:
+    (work directory, the run's SLURM jobs)."""
+    work = sglang_workflow(tmp_path_factory.mktemp("sglang-slurm"))
+    shutil.copytree(sglang_run / "results/demo/model", work / "results/demo/model")
+    (work / "slurm.yaml").write_text(yaml.safe_dump({**run_config(PARTITIONS), **NODE_SIZED}))
+    before = {job["id"] for job in sacct_jobs()}
+    targets = [f"results/{p}/hidden/{s:05d}" for p, n in PARTITIONS.items() for s in range(n)]
+    snakemake_run(work, "slurm.yaml", *targets, profile=[*SLURM_ARGS, "--configfile"])
+    return work, [job for job in sacct_jobs() if job["id"] not in before]
+
+
+def test_under_slurm_each_model_loads_once_per_allocation_in_a_step_of_its_own(slurm_run):
+    """The 6 shard jobs of each GPU stage are one group job (the slurm profile): one allocation on the
+    gpu partition, whose jobs run one after another beside the server's (or runner's) own job step."""
+    work, jobs = slurm_run
+    assert all(job["state"] == "COMPLETED" for job in jobs), jobs
+    groups = {job["comment"]: job for job in jobs if job["partition"] == "gpu"}
+    assert sorted(groups) == ["rule_capture_hidden_states", "rule_generation_responses_sglang_server"], jobs
+    for comment, name, log in [
+        ("rule_generation_responses_sglang_server", "SGLang server", "sglang_server/server"),
+        ("rule_capture_hidden_states", "capture runner", "capture_runner/runner"),
+    ]:
+        allocation = groups[comment]
+        assert "gres/gpu=1" in allocation["tres"] and "node=1" in allocation["tres"], allocation
+        steps = [s for s in sacct_jobs(allocation["id"], steps=True) if s["id"].partition(".")[2].isdigit()]
+        service_steps = [s for s in steps if s["name"] == name.replace(" ", "-")]
+        assert len(steps) == 7 and len(service_steps) == 1, steps  # 6 shard jobs and the service
+        text = (work / f"logs/{log}.slurm-{allocation['id']}.log").read_text()
+        step = service_steps[0]["id"].split(".")[1]
+        assert text.count(f"starting the {name}") == 1
+        assert f"starting the {name} on {allocation['node']} (SLURM job {allocation['id']}, step {step})" in text
+        assert text.count(f"{name} ready after") == 1
+
+
+def test_under_slurm_the_outputs_equal_the_local_runs(slurm_run, sglang_run):
+    work, _ = slurm_run
+    here, there = str(work.resolve()), str(sglang_run.resolve())
+    for partition, shards in PARTITIONS.items():
+        for shard in range(shards):
+            for stage in ("prompts", "responses", "tokens"):
+                name = f"results/{partition}/{stage}/{shard:05d}.jsonl.zst"
+                assert read_jsonl(work / name) == read_jsonl(sglang_run / name), name
+            stats = f"results/{partition}/responses/{shard:05d}.stats.json"
+            slurm_stats, local_stats = (
+                json.loads((d / stats).read_text().replace(here, there)) for d in (work, sglang_run)
+            )
+            assert without_timings(slurm_stats) == without_timings(local_stats), stats
+            hidden = Path(f"results/{partition}/hidden/{shard:05d}")
+            parts = sorted(p.name for p in (sglang_run / hidden).glob("part-*"))
+            assert parts and sorted(p.name for p in (work / hidden).glob("part-*")) == parts
+            for part in parts:
+                assert (work / hidden / part).read_bytes() == (sglang_run / hidden / part).read_bytes(), hidden / part
+            index = [json.loads((d / hidden / "index.json").read_text()) for d in (work, sglang_run)]
+            assert without_timings(index[0]) == without_timings(index[1])
 
 
 def fingerprints(work: Path, partitions: dict) -> dict[str, tuple[int, int]]:

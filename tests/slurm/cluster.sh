@@ -44,7 +44,7 @@ stop() {
     done
     # With a slurm.conf and no controller, every snakemake call waits 10 s: the slurm executor
     # plugin runs `scontrol show config` when it is loaded, whichever executor the run uses.
-    for conf in slurm gres slurmdbd; do
+    for conf in slurm gres slurmdbd cgroup; do
         if grep -qsF "$MARKER" "/etc/slurm/$conf.conf"; then rm -f "/etc/slurm/$conf.conf"; fi
     done
 }
@@ -59,6 +59,22 @@ write_configs() {
         exit 1
     fi
     mkdir -p /etc/slurm "$STATE"/{run,log,spool,ctld,dev,db}
+    # Process tracking as production clusters have it, where the machine allows: proctrack/cgroup kills
+    # whatever a job step leaves behind when the step ends (the workflow's node services run in steps of
+    # their own for that reason). It needs a writable cgroup v1 freezer hierarchy (SLURM 22.05's cgroup/v2
+    # needs systemd); without one, processes are tracked by parentage (proctrack/linuxproc).
+    local proctrack=linuxproc
+    if [[ -w /sys/fs/cgroup/freezer && -w /sys/fs/cgroup/devices ]]; then
+        proctrack=cgroup
+        cat >/etc/slurm/cgroup.conf <<EOF
+$MARKER
+CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+ConstrainCores=no
+ConstrainRAMSpace=no
+ConstrainDevices=no
+EOF
+    fi
     for i in $(seq 0 7); do
         [[ -c $STATE/dev/nvidia$i ]] || mknod "$STATE/dev/nvidia$i" c 195 "$i"
     done
@@ -74,8 +90,7 @@ SlurmctldPidFile=$STATE/run/slurmctld.pid
 SlurmdPidFile=$STATE/run/slurmd.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
 SlurmdLogFile=$STATE/log/slurmd.log
-# No cgroups on CI machines.
-ProctrackType=proctrack/linuxproc
+ProctrackType=proctrack/$proctrack
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/slurmdbd
