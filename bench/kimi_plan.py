@@ -16,6 +16,7 @@ It also prints the figures per 1,000 prompts, which carry over to the full datas
 
   python bench/kimi_plan.py                       # both configs, as shipped
   python bench/kimi_plan.py --config kimi-k2.5-sglang --shards 1   # one config, one shard per partition
+  python bench/kimi_plan.py --profile profiles/slurm               # as a SLURM run would load its models
 """
 
 import argparse
@@ -55,7 +56,7 @@ def write_source(records: Path, target: Path, copies: int) -> None:
         target.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
-def plan_for(config_name: str, work: Path, copies: int, shards: int | None) -> dict:
+def plan_for(config_name: str, work: Path, copies: int, shards: int | None, profile: str) -> dict:
     config = yaml.safe_load((REPO / "config" / f"{config_name}.yaml").read_text())
     config["model"]["path"] = str(work / "models/Kimi-K2.5")
     for name, partition in config["partitions"].items():
@@ -65,7 +66,7 @@ def plan_for(config_name: str, work: Path, copies: int, shards: int | None) -> d
             partition["shards"] = shards
     derived = work / f"{config_name}.yaml"
     derived.write_text(yaml.safe_dump(config, sort_keys=False))
-    command = [sys.executable, "scripts/plan.py", "--configfile", str(derived), "--profile", "profiles/gpu", "--json"]
+    command = [sys.executable, "scripts/plan.py", "--configfile", str(derived), "--profile", profile, "--json"]
     # The rules' `python` is this environment's, as with an activated venv.
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.run(command, cwd=work, capture_output=True, text=True, env=env)
@@ -93,6 +94,11 @@ def main() -> None:
     p.add_argument("--copies", type=int, default=1, help="times each real record is written (default 1)")
     p.add_argument("--shards", type=int, help="shards per partition instead of the config's (e.g. 1 for a quick run)")
     p.add_argument("--json", action="store_true", help="print the plans as JSON instead of tables")
+    p.add_argument(
+        "--profile",
+        default="profiles/gpu",
+        help="the run's profile (default profiles/gpu; profiles/slurm submits the prompts jobs to a SLURM cluster)",
+    )
     args = p.parse_args()
     plans = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,7 +107,7 @@ def main() -> None:
             (shutil.copytree if (REPO / name).is_dir() else shutil.copy2)(REPO / name, work / name)
         write_remote_code_dir(REPO / "resources/kimi-k2.5", work / "models/Kimi-K2.5")
         for name in args.config or CONFIGS:
-            plans[name] = plan_for(name, work, args.copies, args.shards)
+            plans[name] = plan_for(name, work, args.copies, args.shards, args.profile)
             if not args.json:
                 print(f"#### config/{name}.yaml\n\n{format_plan(plans[name])}\n\n{per_thousand(plans[name])}\n")
             shutil.rmtree(work / "results")

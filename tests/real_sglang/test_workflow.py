@@ -203,7 +203,9 @@ def slurm_run(sglang_run, slurm_cluster, tmp_path_factory):
     (work directory, the run's SLURM jobs)."""
     work = sglang_workflow(tmp_path_factory.mktemp("sglang-slurm"))
     shutil.copytree(sglang_run / "results/demo/model", work / "results/demo/model")
-    (work / "slurm.yaml").write_text(yaml.safe_dump({**run_config(PARTITIONS), **NODE_SIZED}))
+    config = run_config(PARTITIONS)
+    config["resources"].update(NODE_SIZED["resources"])  # job sizes the test node has, one GPU as locally
+    (work / "slurm.yaml").write_text(yaml.safe_dump(config))
     before = {job["id"] for job in sacct_jobs()}
     targets = [f"results/{p}/hidden/{s:05d}" for p, n in PARTITIONS.items() for s in range(n)]
     snakemake_run(work, "slurm.yaml", *targets, profile=[*SLURM_ARGS, "--configfile"])
