@@ -47,7 +47,7 @@ def supervisor() -> dict | None:
     return node_service._record(node_service.node_dir())
 
 
-def job(model_dir, url, log, hold_s=0.5, idle_s=2.0):
+def job(model_dir, url, log, hold_s=0.5, idle_s=8.0):
     return subprocess.Popen(
         [sys.executable, "-c", JOB % (idle_s, str(model_dir), url, str(log), hold_s)],
         stdout=subprocess.PIPE,

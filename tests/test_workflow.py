@@ -260,11 +260,15 @@ def test_production_configs_dry_run_under_profiles(production_dir, profile, conf
     out = proc.stdout
     jobs = scheduled(out)
     assert sum(r == "hidden_states" for r, _ in jobs) == 32
-    # The hidden stage runs SGLang tensor parallel, one rank per GPU of the node: the job relaunches
-    # itself under torchrun with the size from its run-only settings, so the command does not say it.
+    # The hidden stage runs SGLang tensor parallel, one rank per GPU of the node, in the node's capture
+    # runner (torchrun with the size from the run-only settings), so the job's command does not say it.
     assert out.count("python scripts/hidden_states.py") == 32
-    blocks = {b.split(":", 1)[0].strip(): b for b in out.split("\nrule ")[1:]}
+    blocks = {b.split(":", 1)[0].strip(): b for b in re.split(r"\n\s*rule ", out)[1:]}
     assert re.search(r"\bgpu=8\b", blocks["hidden_states"])
+    # Under SLURM the GPU stages' shard jobs go 16 to a group job: one allocation, one model load each.
+    grouped = "slurm" in profile
+    assert out.count("Group job capture") == (2 if grouped else 0)
+    assert out.count("Group job generation") == (2 if grouped and "sglang" in config else 0)
     if "sglang" in config:  # the config launches the server: one job per shard, sharing the node's server
         assert sum(r == "responses_sglang_server" for r, _ in jobs) == 32
         responses = blocks["responses_sglang_server"]
