@@ -6,7 +6,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Cache compiled bytecode: every job imports torch and transformers afresh.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install sglang-env speculators-env specforge-env slurm-packages check-envs demo tiny-kimi test test-fast lint clean
+.PHONY: install sglang-env speculators-env specforge-env slurm-packages check-envs demo tiny-kimi test test-main test-apart test-fast lint clean
 
 install: $(VENV)/.installed
 
@@ -64,13 +64,25 @@ FAST := not e2e and not slurm and not sglang and not trainers
 test-fast: install
 	pytest -q -m "$(FAST)" --durations=25
 
+# Two runs side by side: the main suite (one pytest process, many single-threaded tests) leaves one of
+# the two cores idle for much of its time, which the SGLang and trainer tiers take. Each run has a temp
+# directory of its own (the node services' directories: one model process per node each); the SLURM
+# test cluster is taken by one run at a time (tests/slurm). Each run's output is printed when it ends.
+TEST_TMP := $(or $(TMPDIR),/tmp)/eagle3-datagen-make-test
+test: slurm-packages install sglang-env speculators-env specforge-env
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-apart
+
+test-main: install
+	mkdir -p $(TEST_TMP)/main
+	TMPDIR=$(TEST_TMP)/main pytest -q --durations=25
+
 # Each trainer's and SGLang's tests run under their own venv, with their releases' own pins.
 RUN_APART := -m pytest -q -o addopts=-ra --durations=25
-test: slurm-packages install sglang-env speculators-env specforge-env
-	pytest -q --durations=25
-	$(SGLANG_VENV)/bin/python $(RUN_APART) tests/real_sglang
-	$(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
-	$(SPECFORGE_VENV)/bin/python $(RUN_APART) tests/trainers/test_specforge.py
+test-apart: sglang-env speculators-env specforge-env
+	mkdir -p $(TEST_TMP)/apart
+	TMPDIR=$(TEST_TMP)/apart $(SGLANG_VENV)/bin/python $(RUN_APART) tests/real_sglang
+	TMPDIR=$(TEST_TMP)/apart $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
+	TMPDIR=$(TEST_TMP)/apart $(SPECFORGE_VENV)/bin/python $(RUN_APART) tests/trainers/test_specforge.py
 
 lint: install
 	ruff check src scripts tests

@@ -7,6 +7,7 @@ devices without a GPU behind them: SLURM schedules, allocates and accounts them 
 compute on CPU (this machine has no GPU).
 """
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -28,19 +29,24 @@ SLURM_ARGS = [
 JOB_SIZE = {"mem_mb": 3000, "cpus_per_task": 2, "runtime": 30}
 NODE_SIZED = {"resources": {"jobs": {"hidden_states": JOB_SIZE, "responses_sglang_server": JOB_SIZE}}}
 DAEMONS = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd")
+# One cluster on the machine at a time (its daemons, ports and /etc/slurm): `make test` runs the SGLang
+# tier beside the main one, and each starts the cluster for its own SLURM module.
+MACHINE_LOCK = "/tmp/eagle3-datagen-slurm-test-cluster.lock"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory):
     missing = [d for d in DAEMONS if not shutil.which(d, path=f"{os.environ['PATH']}:/usr/sbin")]
     if os.geteuid() != 0 or missing:
         pytest.fail(f"the SLURM test cluster needs root and {missing or DAEMONS}: `make test` installs them as root")
     state = tmp_path_factory.mktemp("slurm")
-    try:
-        run([str(CLUSTER), "start", str(state)], REPO)
-        yield state
-    finally:
-        run([str(CLUSTER), "stop", str(state)], REPO, check=False)
+    with open(MACHINE_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            run([str(CLUSTER), "start", str(state)], REPO)
+            yield state
+        finally:
+            run([str(CLUSTER), "stop", str(state)], REPO, check=False)
 
 
 def sacct_jobs(*job_ids: str, steps: bool = False) -> list[dict]:
