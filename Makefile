@@ -68,9 +68,10 @@ test-fast: install
 # the two cores idle for much of its time, which the SGLang and trainer tiers take. Each run has a temp
 # directory of its own (the node services' directories: one model process per node each); the SLURM
 # test cluster is taken by one run at a time (tests/slurm). Each run's output is printed when it ends.
+# With more torch threads than cores, OpenMP's idle threads sleep instead of spinning (results unchanged).
 TEST_TMP := $(or $(TMPDIR),/tmp)/eagle3-datagen-make-test
 test: slurm-packages install sglang-env speculators-env specforge-env
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-apart
+	OMP_WAIT_POLICY=PASSIVE $(MAKE) --no-print-directory -j2 --output-sync=target test-main test-apart
 
 test-main: install
 	mkdir -p $(TEST_TMP)/main

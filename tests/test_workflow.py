@@ -8,6 +8,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -525,6 +526,7 @@ def test_status_tells_complete_stale_running_and_failed(demo_dir, tmp_path):
     seen = set()
     while job.poll() is None:
         seen.add(status(work, "--configfile", "changed.yaml")["demo_alpaca"]["state"])
+        time.sleep(1)  # each status call is a Snakemake run: leave the cores to the run it watches
     assert job.returncode == 0 and "running" in seen
     assert status(work, "--configfile", "changed.yaml")["demo_alpaca"]["state"] == "complete"
 

@@ -202,7 +202,11 @@ def slurm_run(sglang_run, slurm_cluster, tmp_path_factory):
     """The same 2 x 3 run under `--profile slurm` on the test cluster (tests/slurm), from the same model:
     (work directory, the run's SLURM jobs)."""
     work = sglang_workflow(tmp_path_factory.mktemp("sglang-slurm"))
+    # The same model and prompts: what SLURM runs differently are the GPU stages (tests/test_slurm.py runs
+    # prompts jobs there and compares them with a local run's)
     shutil.copytree(sglang_run / "results/demo/model", work / "results/demo/model")
+    for partition in PARTITIONS:
+        shutil.copytree(sglang_run / f"results/{partition}/prompts", work / f"results/{partition}/prompts")
     config = run_config(PARTITIONS)
     config["resources"].update(NODE_SIZED["resources"])  # job sizes the test node has, one GPU as locally
     (work / "slurm.yaml").write_text(yaml.safe_dump(config))
@@ -217,6 +221,8 @@ def test_under_slurm_each_model_loads_once_per_allocation_in_a_step_of_its_own(s
     gpu partition, whose jobs run one after another beside the server's (or runner's) own job step."""
     work, jobs = slurm_run
     assert all(job["state"] == "COMPLETED" for job in jobs), jobs
+    ran = sorted(job["comment"].split("_wildcards")[0] for job in jobs)
+    assert ran == ["rule_capture_hidden_states", "rule_generation_responses_sglang_server", *["rule_tokens"] * 6]
     groups = {job["comment"]: job for job in jobs if job["partition"] == "gpu"}
     assert sorted(groups) == ["rule_capture_hidden_states", "rule_generation_responses_sglang_server"], jobs
     for comment, name, log in [
