@@ -25,7 +25,7 @@ import zstandard
 from eagle3_datagen.backends.batching import pad_batch, plan_batches
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.formats.files import read_jsonl
-from eagle3_datagen.stages.hidden import capture_shard
+from eagle3_datagen.stages.hidden.shard import capture_shard
 
 
 def make_samples(n: int, pool: list[int], seed: int = 0) -> list[dict]:

@@ -35,7 +35,7 @@ from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.chat.template import render_generation_prompt, render_ids
 from eagle3_datagen.formats.datasets import normalize, recorded_conversations
 from eagle3_datagen.formats.hidden_shard import HiddenShard
-from eagle3_datagen.stages.hidden import capture_shard
+from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.probe import LMHead, ProbeSettings, probe_shard
 
 DEMO_SOURCES = (("alpaca.json", "alpaca"), ("openai.jsonl", "auto"), ("sharegpt.jsonl", "sharegpt"))

@@ -20,7 +20,7 @@ import yaml
 
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.formats.files import read_jsonl
-from eagle3_datagen.stages.hidden import capture_shard
+from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.probe import LMHead, ProbeSettings, probe_shard
 
 

@@ -7,7 +7,7 @@ backend), never by hand; see eagle3_datagen.stages.hidden.runner.
 """
 
 from eagle3_datagen import cli
-from eagle3_datagen.stages.hidden import serve
+from eagle3_datagen.stages.hidden.runner import serve
 
 
 def main() -> None:

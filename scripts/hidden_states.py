@@ -11,7 +11,7 @@ from pathlib import Path
 
 from eagle3_datagen import cli
 from eagle3_datagen.backends.base import ServerError
-from eagle3_datagen.stages.hidden import CaptureFailed, capture_with_runner
+from eagle3_datagen.stages.hidden.runner import CaptureFailed, capture_with_runner
 
 RUNNER = Path(__file__).resolve().with_name("capture_runner.py")
 
@@ -21,7 +21,7 @@ def main() -> None:
     p.add_argument("--tokens", required=True)
     p.add_argument("--out", required=True, help="shard directory to create")
     args = p.parse_args()
-    cli.setup(args, "hidden_states")
+    cli.setup(args, "hidden_states", torch_threads=False)  # the runner computes, with --threads
     try:
         capture_with_runner(args.tokens, args.out, args.settings, args.threads, RUNNER)
     except (CaptureFailed, ServerError) as e:

@@ -19,7 +19,7 @@ from eagle3_datagen.backends import node_service
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.formats.files import write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
-from eagle3_datagen.stages.hidden import capture_shard
+from eagle3_datagen.stages.hidden.shard import capture_shard
 
 from .conftest import REPO
 from .test_hidden import make_samples

@@ -18,7 +18,7 @@ from eagle3_datagen.formats.hidden_codec import COMPRESS, FP8_DTYPES, GRANULARIT
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.export import FORMATS, export
 from eagle3_datagen.stages.export.specforge import specforge_sample_path
-from eagle3_datagen.stages.hidden import capture_shard
+from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.probe import LMHead, ProbeSettings, probe_shard
 from eagle3_datagen.stages.vocab import loss_token_counts, run_vocab, vocab_mapping
 

@@ -11,7 +11,8 @@ from eagle3_datagen.backends.batching import plan_batches
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.formats.hidden_codec import Codec, byte_planes, dequantize, from_byte_planes, quantize
 from eagle3_datagen.formats.hidden_shard import COLUMNS, HiddenShard, plan_parts, resolve_aux_layers
-from eagle3_datagen.stages.hidden import capture_shard, shard
+from eagle3_datagen.stages.hidden import shard
+from eagle3_datagen.stages.hidden.shard import capture_shard
 
 SETTINGS = {"dtype": "float32", "shard_bytes": 1 << 20, "max_batch_tokens": 64}
 

@@ -13,7 +13,7 @@ import torch
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.backends.hf.generate import HFBackend
 from eagle3_datagen.formats import hidden_codec
-from eagle3_datagen.stages.hidden import capture_shard
+from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.probe import LMHead, ProbeFailure, ProbeSettings, run_probe
 from eagle3_datagen.stages.responses.conversation import regenerate
 from eagle3_datagen.stages.tokens import TokenSettings, build_samples

@@ -32,14 +32,15 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
-def setup(args: argparse.Namespace, stage: str | None = None) -> None:
-    """Log to stderr (a rule's log file), size thread pools to the job's cores, and merge the `stage`'s
-    run-only settings into `args.settings`."""
-    import torch  # here, not at the top: the status and plan scripts use this module without torch
-
+def setup(args: argparse.Namespace, stage: str | None = None, torch_threads: bool = True) -> None:
+    """Log to stderr (a rule's log file), size thread pools to the job's cores (torch's too, unless the
+    job computes nothing itself), and merge the `stage`'s run-only settings into `args.settings`."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     merge_run_settings(args, stage)
-    torch.set_num_threads(max(1, args.threads))
+    if torch_threads:
+        import torch  # here, not at the top: the status and plan scripts use this module without torch
+
+        torch.set_num_threads(max(1, args.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if args.threads > 1 else "false")
 
 

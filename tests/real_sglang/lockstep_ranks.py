@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from eagle3_datagen.backends.sglang.capture import load_sglang_capture
 from eagle3_datagen.formats.hidden_shard import checksum_path
-from eagle3_datagen.stages.hidden import capture_shard
+from eagle3_datagen.stages.hidden.shard import capture_shard
 
 
 def main(model_dir: str, samples_path: str, out: str, settings_json: str) -> None:

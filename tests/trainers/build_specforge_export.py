@@ -20,7 +20,7 @@ import torch
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 from eagle3_datagen.formats.files import write_jsonl_zst
-from eagle3_datagen.stages.hidden import capture_shard
+from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.vocab import run_vocab
 from eagle3_datagen.targets.demo import qwen3_tokenizer, tiny_qwen3_config, write_demo_model_dir
 from eagle3_datagen.targets.tiny_kimi import tiny_kimi_config, tiny_kimi_model, write_kimi_model_dir

@@ -10,7 +10,7 @@ import torch
 
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.stages.export import export
-from eagle3_datagen.stages.hidden import capture_shard
+from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.vocab import vocab_mapping
 
 from ..conftest import REPO, tiny_qwen3

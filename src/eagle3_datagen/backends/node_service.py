@@ -124,10 +124,11 @@ def _locked(directory: Path):
 
 
 def _record(directory: Path) -> dict | None:
-    """The running supervisor's record (pid, token, service), or None."""
+    """The running service's record (supervisor pid, service pid, token, ...), or None: none runs, or its
+    process has exited and its supervisor is still cleaning up."""
     with contextlib.suppress(OSError, ValueError):
         record = json.loads((directory / RECORD).read_text())
-        if pid_alive(record["pid"]):
+        if pid_alive(record["pid"]) and pid_alive(record.get("service_pid", record["pid"])):
             return record
     return None
 
@@ -328,6 +329,8 @@ def supervise(service: Service, token: str) -> None:
         output = running.enter_context(open(service.log, "ab"))  # noqa: SIM115 - closed by the ExitStack
         env = {**os.environ, SERVICE_DIR_ENV: str(directory)}
         process = running.enter_context(process_group(service.command, output, service.stop_timeout, env))
+        with _locked(directory):
+            (directory / RECORD).write_text(json.dumps({**_record_of(directory, token), "service_pid": process.pid}))
         _serve(service, directory, token, process, started, running)
     finally:
         with _locked(directory):

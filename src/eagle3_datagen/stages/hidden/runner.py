@@ -29,7 +29,6 @@ from pathlib import Path
 from eagle3_datagen.backends.base import CaptureBackend, ServerError
 from eagle3_datagen.backends.node_service import SERVICE_DIR_ENV, Lease, Service, mark_loaded, pid_alive, using
 from eagle3_datagen.formats.files import read_json, read_jsonl, write_json
-from eagle3_datagen.stages.hidden.shard import ShardCancelled, capture_shard
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +129,8 @@ def _next_request(requests: Path) -> dict | None:
 
 
 def _capture_request(request: dict, capture: CaptureBackend, requests: Path) -> None:
+    from eagle3_datagen.stages.hidden.shard import ShardCancelled, capture_shard  # torch: the runner's side only
+
     rid, writer = request["id"], capture.ranks.writer
     shard_log = logging.FileHandler(requests / f"{rid}.log") if writer else None
     if shard_log:
@@ -163,26 +164,43 @@ def _capture_request(request: dict, capture: CaptureBackend, requests: Path) -> 
 def capture_with_runner(
     tokens: str | Path, out_dir: str | Path, settings: dict, threads: int, script: str | Path
 ) -> None:
-    """Capture one shard through the node's runner (`script`, started if none runs), copying its log to ours."""
-    with using(runner_service(settings, threads, script)) as lease:
+    """Capture one shard through the node's runner (`script`, started if none runs), copying its log to ours.
+
+    A runner that exits before it takes the shard (one that failed on another shard and was going away
+    as this job joined it) is replaced once."""
+    request = {
+        "pid": os.getpid(),
+        "tokens": str(Path(tokens).resolve()),
+        "out": str(Path(out_dir).resolve()),
+        "settings": settings["hidden_states"],
+    }
+    for attempt in (1, 2):
+        try:
+            outcome = _request(runner_service(settings, threads, script), request)
+            break
+        except _RunnerGone as gone:
+            if attempt == 2:
+                raise ServerError(str(gone)) from None
+            log.warning("the capture runner exited before it took this shard; starting a fresh one")
+    if outcome["status"] != "done":
+        raise CaptureFailed(f"the capture runner failed on {tokens}:\n{outcome.get('error', outcome)}")
+
+
+class _RunnerGone(Exception):
+    """The runner exited before it took the request."""
+
+
+def _request(service: Service, request: dict) -> dict:
+    with using(service) as lease:
         requests = lease.directory / "requests"
         requests.mkdir(exist_ok=True)
         rid = f"{time.time_ns():020d}-{os.getpid()}"
-        request = {
-            "id": rid,
-            "pid": os.getpid(),
-            "tokens": str(Path(tokens).resolve()),
-            "out": str(Path(out_dir).resolve()),
-            "settings": settings["hidden_states"],
-        }
-        write_json(requests / f"{rid}.request.json", request)
+        write_json(requests / f"{rid}.request.json", {"id": rid, **request})
         try:
-            outcome = _wait(lease, requests, rid)
+            return _wait(lease, requests, rid)
         finally:
             for name in (f"{rid}.request.json", f"{rid}.done.json", f"{rid}.log"):
                 (requests / name).unlink(missing_ok=True)
-    if outcome["status"] != "done":
-        raise CaptureFailed(f"the capture runner failed on {tokens}:\n{outcome.get('error', outcome)}")
 
 
 def _wait(lease: Lease, requests: Path, rid: str) -> dict:
@@ -199,5 +217,8 @@ def _wait(lease: Lease, requests: Path, rid: str) -> dict:
         if finished:
             return read_json(done)
         if not lease.running():
-            raise ServerError(f"the capture runner exited while capturing ({lease.log}):\n{lease.log_tail()}")
+            message = f"the capture runner exited while capturing ({lease.log}):\n{lease.log_tail()}"
+            if not shard_log.exists():  # the runner opens the shard's log when it takes the request
+                raise _RunnerGone(message)
+            raise ServerError(message)
         time.sleep(POLL_S)
