@@ -76,7 +76,12 @@ HIDDEN_GPUS = wf.gpus_for(config, "hidden_states")
 HIDDEN_SGLANG = config["hidden_states"].get("backend", "hf") == "sglang"
 HIDDEN_ENV = "../envs/sglang.yaml" if HIDDEN_SGLANG else "../envs/cpu.yaml"
 # What the heavy rules' cluster jobs ask for; other jobs take the profile's default-resources.
-JOB_RESOURCES = config["resources"]["jobs"]
+JOB_RESOURCES = {
+    "hidden_states": wf.cluster_job(config, "hidden_states", HIDDEN_GPUS),
+    "responses_sglang_server": wf.cluster_job(
+        config, "responses_sglang_server", config["resources"]["gpus_per_node"]
+    ),
+}
 # The exporters name the draft vocabulary the workflow builds (results/vocab) and its size.
 VOCAB_OPTIONS = (
     f"--vocab results/vocab --draft-vocab-size {config['vocab_mapping']['draft_vocab_size']}"
@@ -152,7 +157,8 @@ def get_slurm_requests():
                 else f"rule {job.rule.name}"
             ),
             partition=job.resources.get("slurm_partition"),
-            cpus=job.resources.get("cpus_per_task") or job.threads,
+            cpus=(job.resources.get("cpus_per_task") or job.threads)
+            * job.resources.get("tasks_per_node", 1),
             mem_mb=job.resources.get("mem_mb", 0),
             runtime=job.resources.get("runtime", 0),
             gpus=job.resources.get("gpu", 0),

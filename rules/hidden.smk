@@ -12,11 +12,9 @@ rule hidden_states:
         HIDDEN_ENV
     threads: 2
     resources:
+        **JOB_RESOURCES["hidden_states"],
         gpu=HIDDEN_GPUS,
         slurm_partition="gpu" if HIDDEN_GPUS else "cpu",
-        mem_mb=JOB_RESOURCES["hidden_states"]["mem_mb"],
-        cpus_per_task=JOB_RESOURCES["hidden_states"]["cpus_per_task"],
-        runtime=JOB_RESOURCES["hidden_states"]["runtime"],
     params:
         settings=HIDDEN_SETTINGS,
     shell:

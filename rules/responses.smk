@@ -37,8 +37,6 @@ use rule responses as responses_sglang_server with:
     # Before the capture jobs that want the same GPUs: every ready shard, then the server stops.
     priority: 10
     resources:
+        **JOB_RESOURCES["responses_sglang_server"],
         gpu=config["resources"]["gpus_per_node"],
         slurm_partition="gpu",
-        mem_mb=JOB_RESOURCES["responses_sglang_server"]["mem_mb"],
-        cpus_per_task=JOB_RESOURCES["responses_sglang_server"]["cpus_per_task"],
-        runtime=JOB_RESOURCES["responses_sglang_server"]["runtime"],

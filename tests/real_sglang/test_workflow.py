@@ -39,10 +39,10 @@ RUNNER_STARTED = "starting the capture runner"
 MAIN_VENV_BIN = REPO / ".venv" / "bin"
 
 
-def wrapper(path: Path, target: str) -> Path:
-    """An executable that runs `target` from .venv-sglang with SGLang's CPU settings (its shims
-    on PYTHONPATH only there: the project's own processes never see them)."""
-    exports = "".join(f"export {key}='{value}'\n" for key, value in SGLANG_CPU_ENV.items())
+def wrapper(path: Path, target: str, **env: str) -> Path:
+    """An executable that runs `target` from .venv-sglang with SGLang's CPU settings and `env` (its
+    shims on PYTHONPATH only there: the project's own processes never see them)."""
+    exports = "".join(f"export {key}='{value}'\n" for key, value in {**SGLANG_CPU_ENV, **env}.items())
     path.write_text(f'#!/bin/sh\n{exports}exec "{Path(sys.executable).parent / target}" "$@"\n')
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path
@@ -55,8 +55,9 @@ def snakemake_env(work: Path) -> dict:
     return env
 
 
-# One GPU's worth of the node: the shard jobs and the capture jobs each take it (as on the 8-GPU node).
-SNAKEMAKE = ["--profile", "local", "--resources", "gpu=1", "--configfile"]
+# The node's two "GPUs": the shard jobs and the capture jobs each take both (as on the 8-GPU node).
+GPUS = 2
+SNAKEMAKE = ["--profile", "local", "--resources", f"gpu={GPUS}", "--configfile"]
 
 
 def snakemake_run(work: Path, config: str, *args: str, check=True, profile=SNAKEMAKE) -> subprocess.CompletedProcess:
@@ -77,7 +78,8 @@ def run_config(partitions: dict) -> dict:
     config = yaml.safe_load((REPO / "config.yaml").read_text())
     config["partitions"] = {name: {**config["partitions"][name], "shards": n} for name, n in partitions.items()}
     del config["demo"]  # the model built by the first step, as a production directory
-    config["resources"]["gpus_per_node"] = 1  # one rank: torchrun --nproc-per-node 1
+    # the capture runner's tensor-parallel size: torchrun --nproc-per-node 2 (the server keeps TP 1: its args)
+    config["resources"]["gpus_per_node"] = GPUS
     config["inference"]["backend"] = "sglang"
     config["inference"]["sglang"] = {
         "url": f"http://127.0.0.1:{22000 + os.getpid() % 1000}",
@@ -99,7 +101,8 @@ def sglang_workflow(parent: Path) -> Path:
     work = copy_workflow(parent / "wf")
     bin_dir = work / "sglang-bin"
     bin_dir.mkdir()
-    wrapper(bin_dir / "torchrun", "torchrun")
+    # one core per rank: SGLang's CPU path otherwise allows one rank per NUMA node
+    wrapper(bin_dir / "torchrun", "torchrun", SGLANG_CPU_OMP_THREADS_BIND="0|1")
     wrapper(bin_dir / "sglang-python", "python")
     return work
 
@@ -172,7 +175,7 @@ def test_one_capture_runner_loaded_once_captured_every_shard(sglang_run):
     assert sorted(Path(p).relative_to(sglang_run).as_posix() for p in captured) == [
         f"results/{p}/hidden/{s:05d}" for p, n in sorted(PARTITIONS.items()) for s in range(n)
     ]
-    assert "torchrun --standalone --nproc-per-node 1" in runner_log
+    assert f"torchrun --standalone --nproc-per-node {GPUS}" in runner_log
     assert runner_log.count("no job uses the capture runner; stopping it") == 1
 
 
@@ -208,7 +211,7 @@ def slurm_run(sglang_run, slurm_cluster, tmp_path_factory):
     for partition in PARTITIONS:
         shutil.copytree(sglang_run / f"results/{partition}/prompts", work / f"results/{partition}/prompts")
     config = run_config(PARTITIONS)
-    config["resources"].update(NODE_SIZED["resources"])  # job sizes the test node has, one GPU as locally
+    config["resources"].update(NODE_SIZED["resources"])  # job sizes the test node has, its GPUs as locally
     (work / "slurm.yaml").write_text(yaml.safe_dump(config))
     before = {job["id"] for job in sacct_jobs()}
     targets = [f"results/{p}/hidden/{s:05d}" for p, n in PARTITIONS.items() for s in range(n)]
@@ -218,7 +221,8 @@ def slurm_run(sglang_run, slurm_cluster, tmp_path_factory):
 
 def test_under_slurm_each_model_loads_once_per_allocation_in_a_step_of_its_own(slurm_run):
     """The 6 shard jobs of each GPU stage are one group job (the slurm profile): one allocation on the
-    gpu partition, whose jobs run one after another beside the server's (or runner's) own job step."""
+    gpu partition, whose jobs run one after another in its batch step (jobs that launch their own
+    processes, one per GPU), beside the server's (or the runner's) own job step, which outlives each."""
     work, jobs = slurm_run
     assert all(job["state"] == "COMPLETED" for job in jobs), jobs
     ran = sorted(job["comment"].split("_wildcards")[0] for job in jobs)
@@ -230,12 +234,11 @@ def test_under_slurm_each_model_loads_once_per_allocation_in_a_step_of_its_own(s
         ("rule_capture_hidden_states", "capture runner", "capture_runner/runner"),
     ]:
         allocation = groups[comment]
-        assert "gres/gpu=1" in allocation["tres"] and "node=1" in allocation["tres"], allocation
+        assert f"gres/gpu={GPUS}" in allocation["tres"] and "node=1" in allocation["tres"], allocation
         steps = [s for s in sacct_jobs(allocation["id"], steps=True) if s["id"].partition(".")[2].isdigit()]
-        service_steps = [s for s in steps if s["name"] == name.replace(" ", "-")]
-        assert len(steps) == 7 and len(service_steps) == 1, steps  # 6 shard jobs and the service
+        assert [s["name"] for s in steps] == [name.replace(" ", "-")], steps  # the service's step alone
         text = (work / f"logs/{log}.slurm-{allocation['id']}.log").read_text()
-        step = service_steps[0]["id"].split(".")[1]
+        step = steps[0]["id"].split(".")[1]
         assert text.count(f"starting the {name}") == 1
         assert f"starting the {name} on {allocation['node']} (SLURM job {allocation['id']}, step {step})" in text
         assert text.count(f"{name} ready after") == 1

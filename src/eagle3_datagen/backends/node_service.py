@@ -13,10 +13,13 @@ service still up and uses it again.
 Nothing of this is in Snakemake's DAG: a service is no job's input or output, so adding a shard
 reschedules no finished one.
 
-Inside a SLURM allocation the supervisor is started as a job step of its own (`srun --overlap`):
-SLURM kills what a job step leaves behind when the step ends (proctrack/cgroup), so a service started
-by the first shard job of an allocation would die with that job; its own step lives on for the next
-shard jobs and ends, at the latest, with the allocation. Each allocation has its own node directory.
+Inside a SLURM allocation the supervisor is started as a job step of its own (`srun --overlap`, on
+this node, with the service's GPUs), which ends at the latest with the allocation. SLURM kills what a
+job step leaves behind when the step ends (proctrack/cgroup) and cancels a step whose srun client is
+gone, so the service outlives the job that started it only where that job runs in the allocation's
+batch step: the GPU stages' jobs do, as jobs that launch their own processes, one per GPU
+(`workflow.settings.cluster_job`). A job in a step of its own gets a service that ends with it. Each
+allocation has its own node directory.
 """
 
 from __future__ import annotations
@@ -237,7 +240,7 @@ def _start(directory: Path, service: Service) -> dict:
 
 def _slurm_step(service: Service) -> list[str]:
     """Inside a SLURM allocation, an srun command that starts the supervisor as a job step of its own on
-    this node, sharing the allocation's CPUs, memory and GPUs with the shard jobs' steps."""
+    this node, sharing the allocation's CPUs, memory and GPUs with the shard jobs."""
     job = os.environ.get("SLURM_JOB_ID")
     if not job or shutil.which("srun") is None:
         return []
@@ -248,7 +251,7 @@ def _slurm_step(service: Service) -> list[str]:
     if service.gpus:
         step.append(f"--gpus={service.gpus}")
     # The step writes its output to the service's log itself, on the node: nothing goes through the srun
-    # client, which SLURM kills when the starting job's step ends.
+    # client.
     output = ["--input=none", f"--output={service.log}", f"--error={service.log}", "--open-mode=append"]
     return [*step, *output, f"--job-name={service.name.replace(' ', '-')}"]
 

@@ -339,6 +339,24 @@ def gpus_for(config: dict, stage: str, partition: str | None = None) -> int:
     return config["resources"]["gpus_per_node"] if uses_gpu(config, stage, partition) else 0
 
 
+# What the GPU stages' jobs start on their node (their node service) and so launch themselves, a process
+# per GPU: the slurm plugin's name for such a job's launcher.
+LAUNCHERS = {"hidden_states": "torchrun", "responses_sglang_server": "sglang.launch_server"}
+
+
+def cluster_job(config: dict, rule: str, gpus: int) -> dict:
+    """What a heavy rule's cluster job asks for: `resources.jobs.<rule>` (memory, CPUs and minutes of the
+    job). A job on more than one GPU of its node is one that launches its own processes, one task per GPU
+    (the plugin's `mpi` jobs): the slurm-jobstep executor runs such a job in its allocation's batch step
+    instead of a job step of its own, so the node service it starts outlives it and serves the
+    allocation's next shard jobs (SLURM kills what a job step leaves behind when the step ends). Its CPUs
+    are asked for per task. Local runs ignore all of these."""
+    job = dict(config["resources"]["jobs"][rule])
+    if gpus > 1:
+        job.update(mpi=LAUNCHERS[rule], tasks_per_node=gpus, cpus_per_task=max(1, job["cpus_per_task"] // gpus))
+    return job
+
+
 def demo_fit_partitions(config: dict) -> list[dict]:
     """What the demo model is fitted to, per partition: the Qwen3 demo learns the sources' own
     conversations; the tiny Kimi model learns the prompts as the prompts stage builds them, so a
