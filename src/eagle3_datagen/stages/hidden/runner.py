@@ -6,7 +6,7 @@ Each shard is still its own job, output and resume. The runner is a node service
 the `sglang` backend, SGLang's model runner under torchrun, one rank per GPU, ranks kept alive
 between shards; with `hf`, one transformers process.
 
-A job hands over its shard as a request file (`requests/<id>.json`: tokens, output directory,
+A job hands over its shard as a request file (`requests/<id>.request.json`: tokens, output directory,
 settings, the job's pid) in the node directory. Rank 0 takes the oldest request whose job is alive
 and broadcasts it; every rank captures it in lockstep (`shard.capture_shard`); rank 0 writes the
 shard's log to `requests/<id>.log`, which the job copies into its own log, and the outcome to
