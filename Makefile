@@ -59,10 +59,11 @@ slurm-packages:
 			"installed with apt-get as root; run make test as root, or install them first." >&2; exit 1; fi; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge slurmdbd mariadb-server >/dev/null
 
-# Every tier but the end-to-end runs, the SLURM cluster, SGLang and the trainers: under 5 minutes.
+# Every tier but the end-to-end runs, the SLURM cluster, SGLang and the trainers: under 5 minutes. Two
+# workers: the node-service and runner tests spend much of their time waiting on other processes.
 FAST := not e2e and not slurm and not sglang and not trainers
 test-fast: install
-	pytest -q -m "$(FAST)" --durations=25
+	pytest -q -n 2 -m "$(FAST)" --durations=25
 
 # Two runs side by side: the main suite (one pytest process, many single-threaded tests) leaves one of
 # the two cores idle for much of its time, which the SGLang and trainer tiers take. Each run has a temp
