@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from eagle3_datagen.backends.base import ServerError
+from eagle3_datagen.formats.files import write_json
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +234,7 @@ def _start(directory: Path, service: Service) -> dict:
     # The starter's pid until the supervisor writes its own (under SLURM, the starter is the srun client).
     record = {"pid": process.pid, "token": token, "key": service.key, "name": service.name}
     record |= {"log": str(output), "log_from": log_from, "where": where()}
-    (directory / RECORD).write_text(json.dumps(record))
+    write_json(directory / RECORD, record)
     log.info("starting the node's %s (its output: %s)", service.name, output)
     return record
 
@@ -321,10 +322,8 @@ def supervise(service: Service, token: str) -> None:
     """
     directory = node_dir()
     with _locked(directory):
-        record = _record_of(directory, token)
-        if record is None:  # replaced while this step was starting
-            return
-        (directory / RECORD).write_text(json.dumps({**record, "pid": os.getpid(), "where": where()}))
+        if not _update_record(directory, token, pid=os.getpid(), where=where()):
+            return  # replaced while this step was starting
     started = time.monotonic()
     log.info("starting the %s on %s: %s", service.name, where(), " ".join(service.command))
     running = contextlib.ExitStack()
@@ -333,7 +332,7 @@ def supervise(service: Service, token: str) -> None:
         env = {**os.environ, SERVICE_DIR_ENV: str(directory)}
         process = running.enter_context(process_group(service.command, output, service.stop_timeout, env))
         with _locked(directory):
-            (directory / RECORD).write_text(json.dumps({**_record_of(directory, token), "service_pid": process.pid}))
+            _update_record(directory, token, service_pid=process.pid)
         _serve(service, directory, token, process, started, running)
     finally:
         with _locked(directory):
@@ -347,6 +346,16 @@ def _stop(directory: Path, token: str, running: contextlib.ExitStack) -> None:
     if _record_of(directory, token) is not None:
         for name in (RECORD, READY, LOADED):
             (directory / name).unlink(missing_ok=True)
+
+
+def _update_record(directory: Path, token: str, **fields) -> bool:
+    """Add `fields` to the record of the service `token`; False when another's record replaced it. The
+    caller holds the node lock; jobs read the record without it, so it is replaced whole, never rewritten
+    in place."""
+    record = _record_of(directory, token)
+    if record is not None:
+        write_json(directory / RECORD, record | fields)
+    return record is not None
 
 
 def _record_of(directory: Path, token: str) -> dict | None:
