@@ -3,6 +3,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,26 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny") / "model"
     tiny_qwen3(512).save_pretrained(path)
     return path
+
+
+def wait_until(condition, timeout=60.0, interval=0.1) -> bool:
+    """Whether `condition()` came true within `timeout` s, asked every `interval` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    """A node directory of the test's own (jobs find it through TMPDIR); no node service left behind."""
+    from eagle3_datagen.backends import node_service
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    yield node_service.node_dir()
+    node_service.request_stop()
+    wait_until(lambda: node_service._record(node_service.node_dir()) is None, timeout=60)

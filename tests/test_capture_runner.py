@@ -9,33 +9,18 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
-import time
 
-import pytest
 import torch
 
-from eagle3_datagen.backends import node_service
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.formats.files import write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.hidden.shard import capture_shard
 
-from .conftest import REPO
+from .conftest import REPO, wait_until
 from .test_hidden import make_samples
 
 HIDDEN = {"aux_layers": "auto", "final": "raw", "dtype": "float32", "max_batch_tokens": 64, "hf": {"dtype": "float32"}}
-
-
-@pytest.fixture
-def node(tmp_path, monkeypatch):
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(tempfile, "tempdir", None)
-    yield node_service.node_dir()
-    node_service.request_stop()
-    deadline = time.monotonic() + 60
-    while node_service._record(node_service.node_dir()) and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 def settings(model_dir, **hidden) -> dict:
@@ -90,16 +75,11 @@ def test_a_job_killed_with_9_cancels_its_shard_and_its_rerun_resumes_in_the_same
     job_settings = settings(tiny_model_dir, shard_bytes=4_000)
     partial = tmp_path / ".out.partial"
     killed = hidden_job(tmp_path, tmp_path / "big.jsonl.zst", tmp_path / "out", job_settings)
-    deadline = time.monotonic() + 120
-    while len(list(partial.glob("part-*.safetensors"))) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: len(list(partial.glob("part-*.safetensors"))) >= 3, timeout=120, interval=0.05)
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     cancelled = "cancelled; its complete parts are kept for the rerun"
-    deadline = time.monotonic() + 60
-    while cancelled not in runner_log(tmp_path) and time.monotonic() < deadline:  # at the runner's next part
-        time.sleep(0.1)
-    assert cancelled in runner_log(tmp_path)
+    assert wait_until(lambda: cancelled in runner_log(tmp_path))  # at the runner's next part
     kept = sorted(partial.glob("part-*.safetensors"))
     assert len(kept) >= 3 and not (tmp_path / "out").exists()
     assert hidden_job(tmp_path, tmp_path / "big.jsonl.zst", tmp_path / "out", job_settings).wait() == 0

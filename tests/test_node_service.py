@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -19,7 +18,7 @@ import pytest
 from eagle3_datagen.backends import node_service
 from eagle3_datagen.backends.node_service import healthy, pid_alive, request_stop
 
-from .conftest import REPO
+from .conftest import REPO, wait_until
 
 JOB = """
 import sys, time
@@ -30,17 +29,6 @@ with using(server_service(%r, %r, launch, %r)):
     print("served", flush=True)
     time.sleep(%r)
 """
-
-
-@pytest.fixture
-def node(tmp_path, monkeypatch):
-    """A node directory of the test's own (jobs find it through TMPDIR); no service left behind."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(tempfile, "tempdir", None)
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    yield node_service.node_dir()
-    request_stop()
-    wait_until(lambda: supervisor() is None, timeout=60)
 
 
 def supervisor() -> dict | None:
@@ -54,15 +42,6 @@ def job(model_dir, url, log, hold_s=0.5, idle_s=8.0):
         text=True,
         cwd=REPO,
     )
-
-
-def wait_until(condition, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ stages as group jobs, the server and the capture runner in job steps of their ow
 the local run's.
 """
 
-
 import pytest
 import yaml
 from snakemake.utils import validate
