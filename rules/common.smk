@@ -20,10 +20,11 @@ if workflow.storage_settings.default_storage_provider is None:
         raise WorkflowError("\n".join(MISSING_SOURCES))
 
 
-# Storage and export settings that no reader could take are refused before any job.
-STORAGE_PROBLEMS = wf.storage_problems(config)
-if STORAGE_PROBLEMS:
-    raise WorkflowError("\n".join(STORAGE_PROBLEMS))
+# Settings that would delete a model the workflow did not make, or that no reader could take, are
+# refused before any job.
+CONFIG_PROBLEMS = wf.demo_model_problems(config) + wf.storage_problems(config)
+if CONFIG_PROBLEMS:
+    raise WorkflowError("\n".join(CONFIG_PROBLEMS))
 
 
 wildcard_constraints:

@@ -380,6 +380,28 @@ def missing_sources(config: dict, config_files: list) -> list[str]:
     ]
 
 
+# The only folder the demo may build its model in: Snakemake removes a directory() output before the job
+# that rebuilds it, so a demo pointed at a user's own model directory would delete it.
+DEMO_MODEL_ROOT = "results"
+
+
+def demo_model_problems(config: dict) -> list[str]:
+    """A config with a `demo:` block builds its model at `model.path`: refused unless that path lies under
+    results/, the workflow's own folder, so that no run can replace a model the workflow did not make."""
+    if "demo" not in config:
+        return []
+    path = config["model"]["path"]
+    parts = Path(path).parts
+    if len(parts) > 1 and parts[0] == DEMO_MODEL_ROOT and ".." not in parts:
+        return []
+    return [
+        f"model.path {path!r} with a demo: block: the demo builds (and rebuilds, deleting the old one) its tiny "
+        f"model at model.path, so it must lie under {DEMO_MODEL_ROOT}/ (e.g. {DEMO_MODEL_ROOT}/demo/model). To run "
+        "your own model, delete the demo: block from your config and keep model.path; to run the demo, set "
+        f"model.path: {DEMO_MODEL_ROOT}/demo/model."
+    ]
+
+
 def as_json(settings: dict) -> str:
     """Canonical JSON, so equal settings always compare equal in Snakemake's params trigger."""
     return json.dumps(settings, sort_keys=True, separators=(",", ":"))
