@@ -8,6 +8,8 @@ rule export:
         directory("results/{partition}/export/{format}"),
     log:
         "logs/{partition}/export/{format}.log",
+    benchmark:
+        "benchmarks/{partition}/export/{format}.tsv"
     wildcard_constraints:
         format="specforge|speculators",
     conda:

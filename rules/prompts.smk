@@ -21,6 +21,8 @@ for partition in PARTITIONS:
             stats=f"results/{partition}/prompts/stats.json",
         log:
             f"logs/{partition}/prompts.log",
+        benchmark:
+            f"benchmarks/{partition}/prompts.tsv"
         conda:
             "../envs/cpu.yaml"
         params:

@@ -5,6 +5,8 @@ rule partition_summary:
         "results/report/{partition}.json",
     log:
         "logs/{partition}/summary.log",
+    benchmark:
+        "benchmarks/{partition}/summary.tsv"
     conda:
         "../envs/cpu.yaml"
     shell:
@@ -27,6 +29,8 @@ rule summary:
         ),
     log:
         "logs/report/summary.log",
+    benchmark:
+        "benchmarks/report/summary.tsv"
     conda:
         "../envs/cpu.yaml"
     params:

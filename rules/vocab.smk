@@ -6,6 +6,8 @@ rule vocab_mapping:
         directory("results/vocab"),
     log:
         "logs/vocab/vocab_mapping.log",
+    benchmark:
+        "benchmarks/vocab/vocab_mapping.tsv"
     conda:
         "../envs/cpu.yaml"
     params:

@@ -57,22 +57,29 @@ def user_config(work: Path, model: Path, *, keep_demo: bool) -> Path:
     return path
 
 
-def planned_paths(work: Path, configfile: str) -> list[str]:
-    """Every output, log and benchmark of every job of a forced dry-run."""
+def planned_jobs(work: Path, configfile: str) -> dict[str, dict[str, list[str]]]:
+    """Every rule of a forced dry-run, with the outputs, logs and benchmarks of its last job."""
     out = snakemake(["-n", "--forceall", "--profile", "profiles/local", "--configfile", configfile], work).stdout
-    paths = [p for line in re.findall(r"^\s+(?:output|log|benchmark): (.+)$", out, re.M) for p in line.split(", ")]
-    assert paths, out[-2000:]
-    return paths
+    jobs = {}
+    for block in re.split(r"^(?:local)?rule ", out, flags=re.M)[1:]:
+        fields = re.findall(r"^\s+(output|log|benchmark): (.+)$", block, re.M)
+        jobs[block.split(":", 1)[0]] = {name: value.split(", ") for name, value in fields}
+    assert jobs, out[-2000:]
+    return jobs
 
 
 @pytest.mark.parametrize("configfile", [*SHIPPED_CONFIGS, "user"])
 def test_every_output_lies_under_the_workflow_folders(workflow_copy, user_model, configfile):
     if configfile == "user":
         configfile = str(user_config(workflow_copy, user_model, keep_demo=False))
-    paths = planned_paths(workflow_copy, configfile)
+    jobs = planned_jobs(workflow_copy, configfile)
+    paths = [path for fields in jobs.values() for paths in fields.values() for path in paths]
     outside = [p for p in paths if Path(p).is_absolute() or Path(p).parts[0] not in OWN_FOLDERS]
     assert outside == []
     assert str(user_model) not in paths
+    # Every rule that touches data keeps a log and a benchmark (`all` only collects the targets).
+    unrecorded = [rule for rule, fields in jobs.items() if rule != "all" and not {"log", "benchmark"} <= set(fields)]
+    assert unrecorded == []
 
 
 def test_a_demo_config_pointed_at_a_user_model_is_refused_and_the_model_survives(workflow_copy, user_model):
