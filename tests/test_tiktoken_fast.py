@@ -1,14 +1,12 @@
 """The fast tokenizer built from Kimi-K2.5's real `tiktoken.model` against `tiktoken` itself."""
 
-from pathlib import Path
-
-import pytest
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
-from eagle3_datagen.chat.tiktoken_fast import KIMI_PATTERN, fast_tokenizer_from_tiktoken, read_added_tokens
+from eagle3_datagen.chat.tiktoken_fast import KIMI_PATTERN, read_added_tokens
 
-KIMI_DIR = Path(__file__).parents[1] / "resources" / "kimi-k2.5"
+from .conftest import KIMI_FILES
+
 TEXTS = [
     "Hello world 1234567 89",
     "  def f(x):\n\treturn x**2\n\n\n",
@@ -20,18 +18,13 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def kimi_fast():
-    return fast_tokenizer_from_tiktoken(KIMI_DIR)
-
-
 def test_ids_equal_tiktoken_on_kimi_ranks_and_pattern(kimi_fast):
     specials = {f"<|reserved_token_{i}|>": i for i in range(163584, 163840)}
-    specials |= {token["content"]: i for i, token in read_added_tokens(KIMI_DIR).items()}
+    specials |= {token["content"]: i for i, token in read_added_tokens(KIMI_FILES).items()}
     reference = tiktoken.Encoding(
         "kimi",
         pat_str=KIMI_PATTERN,
-        mergeable_ranks=load_tiktoken_bpe(str(KIMI_DIR / "tiktoken.model")),
+        mergeable_ranks=load_tiktoken_bpe(str(KIMI_FILES / "tiktoken.model")),
         special_tokens=specials,
     )
     for text in TEXTS:

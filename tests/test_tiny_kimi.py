@@ -8,7 +8,6 @@ import torch
 from safetensors import safe_open
 
 from eagle3_datagen.chat.template import render_text, resolve_special_tokens
-from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 from eagle3_datagen.chat.tool_calls import derive_markers
 from eagle3_datagen.formats.datasets import link_tool_calls
 from eagle3_datagen.formats.files import read_jsonl
@@ -16,9 +15,8 @@ from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.tokens import loss_spans
 from eagle3_datagen.targets.tiny_kimi import kimi_turn_text, regeneration_turns
 
-from .conftest import REPO, copy_workflow, snakemake
+from .conftest import KIMI_FILES, REPO, copy_workflow, snakemake
 
-KIMI = REPO / "resources" / "kimi-k2.5"
 CONFIG = ["--profile", "profiles/local", "--configfile", "config/tiny-kimi.yaml"]
 PARTITIONS = {"tiny_chat": 2, "tiny_glaive": 1}
 REASONING = "I will answer briefly."
@@ -32,16 +30,11 @@ WEATHER_TOOL = {
 }
 
 
-@pytest.fixture(scope="module")
-def kimi_tokenizer():
-    return fast_tokenizer_from_tiktoken(KIMI)
-
-
 def weather_call(call_id):
     return {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 
 
-def test_turn_text_is_what_the_k25_template_renders_after_its_generation_prompt(kimi_tokenizer):
+def test_turn_text_is_what_the_k25_template_renders_after_its_generation_prompt(kimi_fast):
     user = [{"role": "user", "content": "Weather in Paris?"}]
     call = {
         "role": "assistant",
@@ -52,12 +45,12 @@ def test_turn_text_is_what_the_k25_template_renders_after_its_generation_prompt(
     plain = {"role": "assistant", "content": "Sunny.", "reasoning": "Easy."}
     # A tool-call turn keeps its reasoning in K2.5's rendering; a plain last turn does so only when the
     # template is asked to preserve thinking. Either way: generation prompt + exactly what the model emits.
-    specials, markers = resolve_special_tokens(kimi_tokenizer), derive_markers(kimi_tokenizer)
+    specials, markers = resolve_special_tokens(kimi_fast), derive_markers(kimi_fast)
     for turn, tools, kwargs in ((call, [WEATHER_TOOL], {}), (plain, None, {"preserve_thinking": True})):
-        prompt = render_text(kimi_tokenizer, user, True, kwargs, tools)
+        prompt = render_text(kimi_fast, user, True, kwargs, tools)
         assert prompt.endswith("<|im_assistant|>assistant<|im_middle|><think>")
         emitted = kimi_turn_text(turn, specials, markers)
-        assert render_text(kimi_tokenizer, [*user, turn], False, kwargs, tools) == prompt + emitted
+        assert render_text(kimi_fast, [*user, turn], False, kwargs, tools) == prompt + emitted
     assert kimi_turn_text(call, specials, markers) == (
         "Call it.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
         '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>'
@@ -134,7 +127,7 @@ def test_model_directory_is_a_kimi_one(tiny_kimi_responses):
         "sigmoid",
     )
     for name in ("tiktoken.model", "chat_template.jinja"):
-        assert (model / name).read_bytes() == (KIMI / name).read_bytes()
+        assert (model / name).read_bytes() == (KIMI_FILES / name).read_bytes()
     with safe_open(model / "model.safetensors", "pt") as weights:
         names = set(weights.keys())
         assert weights.get_slice("lm_head.weight").get_shape() == [163840, 64]
