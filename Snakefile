@@ -1,5 +1,7 @@
 from snakemake.utils import min_version, validate
 
+from eagle3_datagen.config_schema import fill_defaults
+
 min_version("9.0")
 
 
@@ -10,6 +12,8 @@ if not config:
 
 
 validate(config, schema="schemas/config.schema.yaml")
+# Every setting a stage reads is now in config: validate fills defaults but those behind a $ref.
+fill_defaults(config)
 
 
 report: "report/workflow.rst"

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from eagle3_datagen.chat.template import load_tokenizer, resolve_special_tokens
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.stages.tokens import TokenBuilder, TokenSettings, build_samples, make_builder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,14 +109,14 @@ def main() -> None:
     sys.path.insert(0, str(REPO))  # the remote-code slow tokenizer is a test double, in tests/doubles
     from tests.doubles.tiktoken_slow import write_remote_code_dir
 
-    settings = TokenSettings(max_length=1 << 20)
+    settings = TokenSettings.from_config(fill_defaults({"max_length": 1 << 20}, "tokens"))
     with tempfile.TemporaryDirectory() as tmp:
         slow_dir = write_remote_code_dir(KIMI, Path(tmp) / "remote")
         fast_dir = Path(tmp) / "fast"
         fast_tokenizer_from_tiktoken(KIMI).save_pretrained(fast_dir)
         slow = load_tokenizer(slow_dir, trust_remote_code=True)
         fast = load_tokenizer(fast_dir)
-        checked = make_builder(slow_dir, {"trust_remote_code": True}, settings)
+        checked = make_builder(slow_dir, fill_defaults({"trust_remote_code": True}, "model"), settings)
 
         def builder(tokenizer) -> TokenBuilder:
             return TokenBuilder(tokenizer, resolve_special_tokens(tokenizer), settings)
@@ -129,7 +130,7 @@ def main() -> None:
         fast_s, by_fast = timed("fast, offsets, 1 process", lambda: builder(fast).samples_for_rows(rows))
         timed(
             f"fast, offsets, {args.workers} processes",
-            lambda: build_samples(rows, fast_dir, {}, settings, workers=args.workers)[0],
+            lambda: build_samples(rows, fast_dir, fill_defaults({}, "model"), settings, workers=args.workers)[0],
         )
         if not by_slow == by_checked == by_fast:
             raise SystemExit("the tokenizers disagree")

@@ -39,7 +39,7 @@ def get_final_output():
     outputs += expand(
         "results/{p}/export/{f}",
         p=PARTITIONS,
-        f=config.get("export", {}).get("formats", []),
+        f=config["export"]["formats"],
     )
     return outputs
 
@@ -74,7 +74,7 @@ SERVER_PARTITIONS = [p for p in PARTITIONS if wf.served_by_launched_server(confi
 SHARD_JOB_PARTITIONS = [p for p in PARTITIONS if p not in SERVER_PARTITIONS]
 SERVER_LOG = "logs/sglang_server/server.log"
 HIDDEN_GPUS = wf.gpus_for(config, "hidden_states")
-HIDDEN_SGLANG = config["hidden_states"].get("backend", "hf") == "sglang"
+HIDDEN_SGLANG = config["hidden_states"]["backend"] == "sglang"
 HIDDEN_ENV = "../envs/sglang.yaml" if HIDDEN_SGLANG else "../envs/cpu.yaml"
 # What the heavy rules' cluster jobs ask for; other jobs take the profile's default-resources.
 JOB_RESOURCES = {

@@ -3,6 +3,7 @@ if "demo" in config:
     rule build_demo_model:
         input:
             sources=[config["partitions"][p]["source"] for p in PARTITIONS],
+            # only the deepseek_v3 demo is built from a tokenizer directory
             tokenizer=config["demo"].get("tokenizer", []),
         output:
             directory(config["model"]["path"]),

@@ -12,6 +12,7 @@ rule vocab_mapping:
         "../envs/cpu.yaml"
     params:
         partitions=PARTITION_SET,
+        # without vocab_mapping the rule is no target, and its params are never read
         draft_vocab_size=config.get("vocab_mapping", {}).get("draft_vocab_size"),
         model=get_model_path,
     shell:

@@ -18,7 +18,7 @@ def main() -> None:
     p.add_argument("--out", required=True, help="model directory to write")
     args = p.parse_args()
     cli.setup(args)
-    if args.settings.get("architecture", "qwen3") == "deepseek_v3":
+    if args.settings.get("architecture") == "deepseek_v3":  # absent: the Qwen3 demo
         from eagle3_datagen.targets.tiny_kimi import build_tiny_kimi
 
         facts = build_tiny_kimi(args.partitions, args.out, args.settings)

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from eagle3_datagen.cli import run_snakemake
+from eagle3_datagen.config_schema import fill_defaults
 
 
 def main() -> None:
@@ -24,7 +25,8 @@ def main() -> None:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = p.parse_args()
     common = ["--profile", args.profile] + (["--configfile", args.configfile] if args.configfile else [])
-    config = yaml.safe_load(Path(args.configfile or "config.yaml").read_text())
+    # the dry-runs below validate it; the plan reads the defaults the workflow fills
+    config = fill_defaults(yaml.safe_load(Path(args.configfile or "config.yaml").read_text()))
     prompt_rules = [f"prompts_{name}" for name in config["partitions"]]
     run_snakemake([*common, "--until", *prompt_rules, "--cores", "2", "--quiet", "all"])
     dry_run = run_snakemake([*common, "-n"])

@@ -21,7 +21,7 @@ def main() -> None:
         partition=args.partition,
         backend=s["backend"],
         greedy_exact=s["greedy_exact"],
-        device=s["probe"].get("device", "cpu"),
+        device=s["probe"]["device"],
     )
 
 

@@ -2,6 +2,7 @@
 """Normalize, deduplicate and shard one partition's raw chat data."""
 
 from eagle3_datagen import cli
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.stages.prompts import build_prompts
 
 
@@ -15,7 +16,8 @@ def main() -> None:
     )
     args = p.parse_args()
     cli.setup(args)
-    s = args.settings
+    # the rule's params leave max_bad_record_rate out at its default (workflow.settings.prompt_settings)
+    s = fill_defaults(args.settings, "partitions.*")
     build_prompts(
         args.source,
         s["format"],
@@ -23,7 +25,7 @@ def main() -> None:
         args.stats,
         s.get("system_prompt"),
         s.get("max_prompts"),
-        s.get("max_bad_record_rate", 0.0),
+        s["max_bad_record_rate"],
         args.earlier,
     )
 

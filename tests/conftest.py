@@ -38,6 +38,26 @@ def readme_commands() -> list[str]:
     return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
 
 
+def defaults(section: str, /, **settings) -> dict:
+    """`settings` (of the config's section at dotted path `section`) with the schema's defaults for the
+    rest, as the workflow's validated config has them."""
+    from eagle3_datagen.config_schema import fill_defaults
+
+    return fill_defaults(settings, section)
+
+
+def token_settings(**settings):
+    from eagle3_datagen.stages.tokens import TokenSettings
+
+    return TokenSettings.from_config(defaults("tokens", **settings))
+
+
+def probe_settings(**settings):
+    from eagle3_datagen.stages.probe import ProbeSettings
+
+    return ProbeSettings.from_config(defaults("probe", **settings))
+
+
 def copy_workflow(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for name in WORKFLOW_FILES:

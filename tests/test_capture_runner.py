@@ -13,20 +13,29 @@ import sys
 import torch
 
 from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.hidden.shard import capture_shard
 
-from .conftest import REPO, wait_until
+from .conftest import REPO, defaults, wait_until
 from .test_hidden import make_samples
 
-HIDDEN = {"aux_layers": "auto", "final": "raw", "dtype": "float32", "max_batch_tokens": 64, "hf": {"dtype": "float32"}}
+HIDDEN = fill_defaults(
+    {"aux_layers": "auto", "final": "raw", "dtype": "float32", "max_batch_tokens": 64, "hf": {"dtype": "float32"}},
+    "hidden_states",
+)
 
 
 def settings(model_dir, **hidden) -> dict:
     return {
-        "model": {"path": str(model_dir)},
-        "hidden_states": {**HIDDEN, "shard_bytes": 20_000, "runner": {"idle_timeout": 600}, **hidden},
+        "model": defaults("model", path=str(model_dir)),
+        "hidden_states": {
+            **HIDDEN,
+            "shard_bytes": 20_000,
+            "runner": defaults("hidden_states.runner", idle_timeout=600),
+            **hidden,
+        },
         "tensor_parallel": 1,
     }
 
@@ -60,7 +69,7 @@ def test_shard_jobs_share_one_runner_and_write_what_an_in_process_capture_writes
     assert "part 0: " in job_log and f"capturing {tmp_path / '1.jsonl.zst'}" in job_log
 
     torch.set_num_threads(1)  # as the runner: --threads 1
-    capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32"})
+    capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32", "device": "cpu"})
     hidden = settings(tiny_model_dir)["hidden_states"]
     for number, samples in enumerate(shards):
         reference = capture_shard(samples, tmp_path / f"ref{number}", capture, hidden)

@@ -19,10 +19,10 @@ from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.export import FORMATS, export
 from eagle3_datagen.stages.export.specforge import specforge_sample_path
 from eagle3_datagen.stages.hidden.shard import capture_shard
-from eagle3_datagen.stages.probe import LMHead, ProbeSettings, probe_shard
+from eagle3_datagen.stages.probe import LMHead, probe_shard
 from eagle3_datagen.stages.vocab import loss_token_counts, run_vocab, vocab_mapping
 
-from .conftest import REPO
+from .conftest import REPO, probe_settings
 from .test_hidden import SETTINGS, make_samples
 
 STORAGE = {
@@ -37,7 +37,7 @@ STORAGE = {
 def shards(request, tmp_path_factory, tiny_model_dir):
     """Two shards of 7 and 5 samples of mixed lengths, stored with each setting."""
     root = tmp_path_factory.mktemp("shards")
-    capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32"})
+    capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32", "device": "cpu"})
     samples = make_samples(12, seed=4)
     dirs = [root / "00000", root / "00001"]
     capture_shard(samples[:7], dirs[0], capture, {**SETTINGS, **request.param, "shard_bytes": 8_000})
@@ -73,7 +73,7 @@ def test_specforge_layout_round_trips(tmp_path, shards, tiny_model_dir):
 
 
 def test_specforge_export_norms_raw_final_states_and_carries_its_config(tmp_path, tiny_model_dir):
-    capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32"})
+    capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32", "device": "cpu"})
     capture_shard(make_samples(5, seed=6), tmp_path / "raw", capture, {**SETTINGS, "dtype": "bfloat16"})
     run_vocab_from_samples(tmp_path, tiny_model_dir)
     vocab = tmp_path / "vocab"
@@ -113,7 +113,7 @@ def run_vocab_from_samples(tmp_path, model_dir):
 
 
 def test_specforge_export_refuses_other_than_three_aux_layers(tmp_path, tiny_model_dir):
-    capture = HFCapture(tiny_model_dir, [2, 5], "raw", {"dtype": "float32"})
+    capture = HFCapture(tiny_model_dir, [2, 5], "raw", {"dtype": "float32", "device": "cpu"})
     capture_shard(make_samples(2), tmp_path / "two", capture, SETTINGS)
     with pytest.raises(ValueError, match="exactly 3 auxiliary layers"):
         export([tmp_path / "two"], tmp_path / "sf", "specforge", model_path=tiny_model_dir)
@@ -155,7 +155,7 @@ def test_speculators_layout_round_trips(tmp_path, shards, tiny_model_dir):
 
 
 def test_speculators_export_refuses_normed_final(tmp_path, tiny_model_dir):
-    capture = HFCapture(tiny_model_dir, "auto", "normed", {"dtype": "float32"})
+    capture = HFCapture(tiny_model_dir, "auto", "normed", {"dtype": "float32", "device": "cpu"})
     capture_shard(make_samples(3), tmp_path / "normed", capture, SETTINGS)
     with pytest.raises(ValueError, match="norm it twice. Capture with hidden_states.final: raw"):
         export([tmp_path / "normed"], tmp_path / "sp", "speculators")
@@ -211,7 +211,7 @@ def test_the_matrix_is_every_setting_the_schema_accepts():
 
 @pytest.fixture(scope="module")
 def raw_capture(tiny_model_dir):
-    return HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32"})
+    return HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32", "device": "cpu"})
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +225,7 @@ def test_every_storage_setting_reads_back_through_every_reader(tmp_path, head, r
     shard_dir = tmp_path / "00000"
     index = capture_shard(samples, shard_dir, raw_capture, {**SETTINGS, **storage, "shard_bytes": 8_000})
     assert len(index["parts"]) > 1 and all(len(p["xxh3_64"]) == 16 for p in index["parts"])
-    result = probe_shard(shard_dir, head, ProbeSettings())
+    result = probe_shard(shard_dir, head, probe_settings())
     masked = sum(sum(s["loss_mask"][1:]) for s in samples)  # every loss-masked token after row 0
     assert result["positions_probed"] == result["positions_total"] == masked
     assert (result["storage_cost"] is None) == (storage["dtype"] in ("bfloat16", "float16", "float32"))
@@ -265,7 +265,7 @@ def test_flipped_bytes_in_a_part_stop_every_reader(tmp_path, head, raw_capture, 
     with pytest.raises(ChecksumError, match=refused):
         list(HiddenShard(shard_dir))
     with pytest.raises(ChecksumError, match=refused):
-        probe_shard(shard_dir, head, ProbeSettings())
+        probe_shard(shard_dir, head, probe_settings())
     for fmt in FORMATS:
         with pytest.raises(ChecksumError, match=refused):
             export([shard_dir], tmp_path / fmt, fmt, model_path=tiny_model_dir)
@@ -273,9 +273,10 @@ def test_flipped_bytes_in_a_part_stop_every_reader(tmp_path, head, raw_capture, 
 
 
 def test_config_validation_refuses_what_no_reader_takes(tmp_path):
+    from eagle3_datagen.config_schema import fill_defaults
     from eagle3_datagen.workflow.settings import storage_problems
 
-    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config = fill_defaults(yaml.safe_load((REPO / "config.yaml").read_text()))
     assert storage_problems(config) == []
     normed = {**config, "hidden_states": {**config["hidden_states"], "final": "normed"}}
     normed["export"] = {"formats": ["specforge", "speculators"]}

@@ -24,10 +24,12 @@ from eagle3_datagen.progress import Progress
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
 from tests.doubles.loopback import FaultPlan, Loopback, ScriptedCall, serve_in_thread
 
+from .conftest import defaults
+
 REPO = Path(__file__).resolve().parents[1]
 KEY_ENV = "E3DG_TEST_OPENROUTER_KEY"
-FAST_RETRY = {"initial_backoff": 0.01, "max_backoff": 0.05}
-SAMPLING = {"max_new_tokens": 64, "temperature": 0.0}
+FAST_RETRY = defaults("inference.sglang.retry", initial_backoff=0.01, max_backoff=0.05)
+SAMPLING = defaults("inference.sampling", max_new_tokens=64, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,14 @@ def prompts_file(tmp_path, n, turns=1, name="prompts.jsonl.zst"):
 def openrouter(url, **settings):
     return OpenRouterBackend(
         SAMPLING,
-        {"base_url": url, "model": "moonshotai/kimi-k2.5", "api_key_env": KEY_ENV, "retry": FAST_RETRY, **settings},
+        defaults(
+            "inference.openrouter",
+            base_url=url,
+            model="moonshotai/kimi-k2.5",
+            api_key_env=KEY_ENV,
+            retry=FAST_RETRY,
+            **settings,
+        ),
     )
 
 
@@ -158,7 +167,9 @@ def test_wrong_key_stops_the_run(tmp_path, api_key, monkeypatch):
 
 
 def sglang(model_dir, url, **settings):
-    return SGLangBackend(model_dir, SAMPLING, {"url": url, "retry": FAST_RETRY, **settings}, {})
+    return SGLangBackend(
+        model_dir, SAMPLING, defaults("inference.sglang", url=url, retry=FAST_RETRY, **settings), defaults("model")
+    )
 
 
 def test_sglang_returns_exact_ids_through_two_tiers(tmp_path, model_dir):
@@ -192,11 +203,12 @@ def test_sglang_refuses_a_server_with_another_model(tmp_path, model_dir):
 
 def test_launched_server_is_healthy_during_the_job_and_stopped_after(tmp_path, model_dir):
     port = 18000 + os.getpid() % 1000
-    launch = {
-        "command": [sys.executable, "-m", "tests.doubles.loopback"],
-        "args": ["--tp", "8"],
-        "health_timeout": 120,
-    }
+    launch = defaults(
+        "inference.sglang.launch",
+        command=[sys.executable, "-m", "tests.doubles.loopback"],
+        args=["--tp", "8"],
+        health_timeout=120,
+    )
     url = f"http://127.0.0.1:{port}"
     with launched_server(model_dir, url, launch, tmp_path / "server.log") as process:
         stats = run(tmp_path, prompts_file(tmp_path, 3), sglang(model_dir, url))
@@ -211,8 +223,8 @@ def test_kill_9_then_rerun_loses_and_repeats_nothing(tmp_path, model_dir, api_ke
     settings = {
         "backend": "openrouter",
         "sampling": SAMPLING,
-        "openrouter": {"base_url": None, "model": "m", "api_key_env": KEY_ENV, "concurrency": 2},
-        "model": {"path": str(model_dir)},
+        "openrouter": defaults("inference.openrouter", base_url=None, model="m", api_key_env=KEY_ENV, concurrency=2),
+        "model": defaults("model", path=str(model_dir)),
     }
     out = tmp_path / "out.jsonl.zst"
     env = {**os.environ, KEY_ENV: api_key}
@@ -255,7 +267,9 @@ def test_sigterm_stops_a_launched_server(tmp_path, model_dir):
             "-c",
             "import sys, time\n"
             "from eagle3_datagen.backends.sglang.server import launched_server\n"
+            "from eagle3_datagen.config_schema import fill_defaults\n"
             "launch = {'command': [sys.executable, '-m', 'tests.doubles.loopback'], 'health_timeout': 120}\n"
+            "launch = fill_defaults(launch, 'inference.sglang.launch')\n"
             f"with launched_server({str(model_dir)!r}, 'http://127.0.0.1:{port}', launch, {str(tmp_path / 's.log')!r})"
             " as p:\n"
             "    print(p.pid, flush=True)\n"
@@ -514,7 +528,12 @@ def test_hf_backend_declares_tools_and_goes_on_after_a_matched_call(tmp_path, ki
     shutil.copytree(kimi_dir, model_dir)
     torch.manual_seed(0)
     tiny_qwen3(len(kimi_tokenizer), num_layers=1).save_pretrained(model_dir)
-    backend = HFBackend(model_dir, {"max_new_tokens": 64}, {"batch_size": 2}, {})
+    backend = HFBackend(
+        model_dir,
+        defaults("inference.sampling", max_new_tokens=64),
+        defaults("inference.hf", batch_size=2),
+        defaults("model"),
+    )
     markers = derive_markers(kimi_tokenizer)
     seen = []
 

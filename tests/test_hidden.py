@@ -9,12 +9,13 @@ from transformers import AutoModelForCausalLM
 from eagle3_datagen.backends.base import CaptureBackend, Ranks
 from eagle3_datagen.backends.batching import plan_batches
 from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.hidden_codec import Codec, byte_planes, dequantize, from_byte_planes, quantize
 from eagle3_datagen.formats.hidden_shard import COLUMNS, HiddenShard, plan_parts, resolve_aux_layers
 from eagle3_datagen.stages.hidden import shard
 from eagle3_datagen.stages.hidden.shard import capture_shard
 
-SETTINGS = {"dtype": "float32", "shard_bytes": 1 << 20, "max_batch_tokens": 64}
+SETTINGS = fill_defaults({"dtype": "float32", "shard_bytes": 1 << 20, "max_batch_tokens": 64}, "hidden_states")
 
 
 def make_samples(n, seed=0, lo=3, hi=40):
@@ -34,7 +35,7 @@ def make_samples(n, seed=0, lo=3, hi=40):
 
 @pytest.fixture(scope="module")
 def capture(tiny_model_dir):
-    return HFCapture(tiny_model_dir, "auto", "normed", {"dtype": "float32"})
+    return HFCapture(tiny_model_dir, "auto", "normed", {"dtype": "float32", "device": "cpu"})
 
 
 def test_aux_layers_auto_is_eagle3_choice():
@@ -77,7 +78,7 @@ def test_stored_states_equal_a_direct_forward(tmp_path, capture, tiny_model_dir)
 
 
 def test_raw_final_is_the_last_layer_output(tmp_path, tiny_model_dir):
-    raw = HFCapture(tiny_model_dir, [1, 3], "raw", {"dtype": "float32"})
+    raw = HFCapture(tiny_model_dir, [1, 3], "raw", {"dtype": "float32", "device": "cpu"})
     samples = make_samples(3)
     capture_shard(samples, tmp_path / "raw", raw, SETTINGS)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
@@ -332,19 +333,23 @@ def test_lossless_settings_are_bit_exact(tmp_path, capture):
 
 def test_codec_rejects_unknown_settings():
     with pytest.raises(ValueError, match="hidden_states.dtype 'float8'"):
-        Codec.from_settings({"dtype": "float8"})
+        Codec.from_settings({**SETTINGS, "dtype": "float8"})
     with pytest.raises(ValueError, match="scale_block 48 must divide the hidden size 64"):
-        Codec(dtype="float8_e4m3", scales="block", scale_block=48).bytes_per_token(3, 64)
+        Codec.from_settings({**SETTINGS, "dtype": "float8_e4m3", "scales": "block", "scale_block": 48}).bytes_per_token(
+            3, 64
+        )
 
 
 def test_plan_and_report_count_bytes_with_the_stored_dtype_and_ratio(tmp_path):
     from eagle3_datagen.reporting.plan import DEFAULT_RATIOS, compression_ratio
     from eagle3_datagen.reporting.report import storage_summary
 
-    codec = Codec.from_settings({"dtype": "float8_e4m3", "scales": "token", "compress": "zstd"})
+    codec = Codec.from_settings({**SETTINGS, "dtype": "float8_e4m3", "scales": "token", "compress": "zstd"})
     assert codec.bytes_per_token(3, 7168) == 4 * 7168 + 4 * 2 + 5  # Kimi-K2.5: half of bf16's 57,349
-    assert Codec().bytes_per_token(3, 7168) == 57_349
-    assert compression_ratio(Codec(compress="zstd_planes"), tmp_path) == (DEFAULT_RATIOS["zstd_planes"], "default")
+    bf16 = {**SETTINGS, "dtype": "bfloat16"}
+    assert Codec.from_settings(bf16).bytes_per_token(3, 7168) == 57_349
+    planes = Codec.from_settings({**bf16, "compress": "zstd_planes"})
+    assert compression_ratio(planes, tmp_path) == (DEFAULT_RATIOS["zstd_planes"], "default")
     indexes = [
         {"dtype": "float8_e4m3", "compress": {"codec": "zstd", "level": 3}, "bytes": 300, "raw_bytes": 400},
         {"dtype": "float8_e4m3", "compress": {"codec": "zstd", "level": 3}, "bytes": 500, "raw_bytes": 600},

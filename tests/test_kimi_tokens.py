@@ -14,7 +14,9 @@ import pytest
 
 from eagle3_datagen.chat.template import render_generation_prompt, resolve_special_tokens, tools_rendering
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
-from eagle3_datagen.stages.tokens import TokenBuilder, TokenSettings, run_tokens
+from eagle3_datagen.stages.tokens import TokenBuilder, run_tokens
+
+from .conftest import defaults, token_settings
 
 IM_END, IM_USER, IM_ASSISTANT, IM_SYSTEM, IM_MIDDLE = 163586, 163587, 163588, 163594, 163601
 THINK, END_THINK = 163606, 163607
@@ -46,7 +48,7 @@ def reply(content, reasoning="", **extra):
 
 def builder(tokenizer, template_kwargs=None, **settings):
     specials = resolve_special_tokens(tokenizer, template_kwargs=template_kwargs)
-    return TokenBuilder(tokenizer, specials, TokenSettings(**settings), template_kwargs)
+    return TokenBuilder(tokenizer, specials, token_settings(**settings), template_kwargs)
 
 
 def build(tokenizer, messages, template_kwargs=None, tools=None, **settings):
@@ -341,8 +343,15 @@ def test_glaive_record_end_to_end_through_a_remote_code_model_directory(kimi_rem
     """The stage as the workflow runs it, on a model directory whose tokenizer is remote-code slow."""
     responses = tmp_path / "responses.jsonl.zst"
     write_jsonl_zst(responses, [glaive_row(pieces)])
-    model = {"path": str(kimi_remote_code_dir), "trust_remote_code": True}
-    run_tokens(responses, tmp_path / "tokens.jsonl.zst", tmp_path / "audit.json", model["path"], model, TokenSettings())
+    model = defaults("model", path=str(kimi_remote_code_dir), trust_remote_code=True)
+    run_tokens(
+        responses,
+        tmp_path / "tokens.jsonl.zst",
+        tmp_path / "audit.json",
+        model["path"],
+        model,
+        token_settings(),
+    )
     [sample] = read_jsonl(tmp_path / "tokens.jsonl.zst")
     audit = json.loads((tmp_path / "audit.json").read_text())
     row = glaive_row(pieces)

@@ -24,7 +24,9 @@ JOB = """
 import sys, time
 from eagle3_datagen.backends.node_service import using
 from eagle3_datagen.backends.sglang.server import server_service
+from eagle3_datagen.config_schema import fill_defaults
 launch = {"command": [sys.executable, "-m", "tests.doubles.loopback"], "health_timeout": 120, "idle_timeout": %r}
+launch = fill_defaults(launch, "inference.sglang.launch")
 with using(server_service(%r, %r, launch, %r)):
     print("served", flush=True)
     time.sleep(%r)

@@ -12,16 +12,17 @@ import torch
 
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.backends.hf.generate import HFBackend
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats import hidden_codec
 from eagle3_datagen.stages.hidden.shard import capture_shard
-from eagle3_datagen.stages.probe import LMHead, ProbeFailure, ProbeSettings, run_probe
+from eagle3_datagen.stages.probe import LMHead, ProbeFailure, run_probe
 from eagle3_datagen.stages.responses.conversation import regenerate
-from eagle3_datagen.stages.tokens import TokenSettings, build_samples
+from eagle3_datagen.stages.tokens import build_samples
 
-from .conftest import tiny_qwen3
+from .conftest import defaults, probe_settings, tiny_qwen3, token_settings
 
-THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
-HIDDEN = {"dtype": "float32", "shard_bytes": 1 << 20, "max_batch_tokens": 256}
+THINKING_OFF = defaults("model", chat_template_kwargs={"enable_thinking": False})
+HIDDEN = fill_defaults({"dtype": "float32", "shard_bytes": 1 << 20, "max_batch_tokens": 256}, "hidden_states")
 
 
 @pytest.fixture(scope="module")
@@ -42,17 +43,22 @@ def greedy_rows(random_model_dir):
         {"id": f"p{i}", "source": "test", "messages": [{"role": "user", "content": f"Question {i}: {topic}?"}]}
         for i, topic in enumerate(["rivers", "prime numbers", "sorting", "tides", "bread", "orbits"] * 2)
     ]
-    backend = HFBackend(random_model_dir, {"max_new_tokens": 16, "temperature": 0.0}, {"batch_size": 4}, THINKING_OFF)
+    backend = HFBackend(
+        random_model_dir,
+        defaults("inference.sampling", max_new_tokens=16, temperature=0.0),
+        defaults("inference.hf", batch_size=4),
+        THINKING_OFF,
+    )
     return regenerate(prompts, backend)
 
 
 def samples_for(rows, model_dir, model_settings=THINKING_OFF):
-    samples, _ = build_samples(rows, model_dir, model_settings, TokenSettings(keep_truncated=True))
+    samples, _ = build_samples(rows, model_dir, model_settings, token_settings(keep_truncated=True))
     return samples
 
 
 def shard(tmp_path, name, samples, model_dir, final="normed", final_layer=None, storage=None):
-    capture = HFCapture(model_dir, "auto", final, {"dtype": "float32"})
+    capture = HFCapture(model_dir, "auto", final, {"dtype": "float32", "device": "cpu"})
     if final_layer is not None:
         capture.num_layers = final_layer  # a capture that takes the final state from another layer
     out = tmp_path / name
@@ -62,7 +68,13 @@ def shard(tmp_path, name, samples, model_dir, final="normed", final_layer=None, 
 
 def probe(tmp_path, shard_dir, model_dir, greedy_exact=True, settings=None):
     return run_probe(
-        shard_dir, tmp_path / f"{shard_dir.name}.json", model_dir, settings or ProbeSettings(), "P1", "hf", greedy_exact
+        shard_dir,
+        tmp_path / f"{shard_dir.name}.json",
+        model_dir,
+        settings or probe_settings(),
+        "P1",
+        "hf",
+        greedy_exact,
     )
 
 
@@ -130,7 +142,7 @@ def test_fp8_storage_cost_is_measured_on_bf16_reference_rows(tmp_path, random_mo
         tmp_path,
         shard(tmp_path, "fp8", samples, random_model_dir, storage=FP8),
         random_model_dir,
-        settings=ProbeSettings(max_agreement_drop=1.0, min_greedy_agreement=0.0, min_first_agreement=0.0),
+        settings=probe_settings(max_agreement_drop=1.0, min_greedy_agreement=0.0, min_first_agreement=0.0),
     )
     cost = result["storage_cost"]
     assert result["storage"] == {

@@ -174,9 +174,11 @@ def test_toolace_calls_with_spaced_names_nested_literals_and_commas_in_strings()
 
 
 def test_prompt_settings_leave_defaults_out_and_name_earlier_partitions_only_when_dropping():
+    from eagle3_datagen.config_schema import fill_defaults
     from eagle3_datagen.workflow.settings import prompt_settings
 
-    config = {"partitions": {"b": {"format": "auto"}, "a": {"format": "glaive", "max_bad_record_rate": 0.01}}}
+    partitions = {"b": {"format": "auto"}, "a": {"format": "glaive", "max_bad_record_rate": 0.01}}
+    config = fill_defaults({"partitions": partitions})
     assert prompt_settings(config, "b") == {"format": "auto", "system_prompt": None, "max_prompts": None}
     assert prompt_settings(config, "a")["max_bad_record_rate"] == 0.01
     config["prompts"] = {"shared_across_partitions": "drop"}

@@ -8,47 +8,32 @@ import sys
 import pytest
 import yaml
 
+from eagle3_datagen import config_schema
 from eagle3_datagen.workflow import settings as wf
 
 from .conftest import REPO, copy_workflow, snakemake
 from .test_workflow import scheduled
 
-SCHEMA = yaml.safe_load((REPO / "schemas" / "config.schema.yaml").read_text())
-
-
-def schema_keys(node: dict = SCHEMA, path: str = "") -> dict[str, dict]:
-    """Every leaf key of the schema by dotted path (`*` for a partition's name), with its schema.
-
-    An object is descended into when its keys are closed (additionalProperties false, or named
-    by an enum); an open object (template kwargs, provider routing, server flags) is one key.
-    """
-    if "$ref" in node:
-        node = SCHEMA["$defs"][node["$ref"].rsplit("/", 1)[1]]
-    props = node.get("properties")
-    closed = node.get("additionalProperties") is False or "enum" in node.get("propertyNames", {})
-    if props and closed:
-        keys = {}
-        for name, sub in props.items():
-            keys |= schema_keys(sub, f"{path}.{name}" if path else name)
-        return keys
-    extra = node.get("additionalProperties")
-    if isinstance(extra, dict) and extra.get("properties"):
-        return schema_keys(extra, f"{path}.*")
-    return {path: node}
-
-
-KEYS = schema_keys()
-DEMO_KEYS = {k for k in KEYS if k.startswith(wf.DEMO_PREFIX)}
+# Every leaf key of the schema by dotted path (`*` for a partition's name), with its schema.
+KEYS = config_schema.leaf_keys()
+DEMO_KEYS = {k for k in KEYS if k.startswith("demo.")}
 
 
 def test_every_schema_key_has_a_kind_and_the_table_names_no_other():
     unclassified = sorted(set(KEYS) - set(wf.KINDS) - DEMO_KEYS)
-    assert not unclassified, f"classify these in eagle3_datagen.workflow.settings.KINDS: {unclassified}"
+    assert not unclassified, f"give these an x-kind in schemas/config.schema.yaml: {unclassified}"
     assert not sorted(set(wf.KINDS) - set(KEYS)), "KINDS names keys the schema does not have"
     assert set(wf.KINDS.values()) == {wf.OUTPUT, wf.RUN}
     assert wf.kind_of("partitions.B1_glaive.shards") == wf.OUTPUT
     with pytest.raises(KeyError, match="hidden_states.new_knob"):
         wf.kind_of("hidden_states.new_knob")
+
+
+def test_every_schema_key_says_its_kind_there():
+    """The schema is the one table of kinds: each key has `x-kind` output or run, the demo's too."""
+    missing = sorted(k for k, node in KEYS.items() if node.get("x-kind") not in (wf.OUTPUT, wf.RUN))
+    assert not missing, f"give these an x-kind (output or run) in schemas/config.schema.yaml: {missing}"
+    assert {k: node["x-kind"] for k, node in KEYS.items()} == wf.KINDS
 
 
 def test_params_carry_no_run_only_setting_and_the_job_gets_both():
@@ -338,7 +323,7 @@ def test_changing_an_output_key_schedules_its_stage_and_what_depends_on_it(cover
 def test_the_plan_counts_one_load_per_node_or_allocation_and_reads_measured_load_times(tmp_path):
     from eagle3_datagen.reporting.plan import ScheduledJob, plan_loads
 
-    config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
+    config = config_schema.fill_defaults(yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text()))
     counts = (("B1_glaive", 16), ("B3_magicoder_evol", 8), ("B3_magicoder_oss", 8))
     shards = [(p, s) for p, n in counts for s in range(n)]
     jobs = [ScheduledJob(rule, p, None) for p, _ in shards for rule in ("responses_sglang_server", "hidden_states")]

@@ -3,8 +3,10 @@ import contextlib
 import pytest
 
 from eagle3_datagen.chat.template import TemplateError, encode, resolve_special_tokens, split_output_ids
-from eagle3_datagen.stages.tokens import CHUNK_ROWS, TokenBuilder, TokenSettings, build_samples, loss_spans
+from eagle3_datagen.stages.tokens import CHUNK_ROWS, TokenBuilder, build_samples, loss_spans
 from eagle3_datagen.stages.tokens.turns import BoundaryError, ReasoningDroppedError
+
+from .conftest import defaults, token_settings
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 
@@ -32,7 +34,7 @@ def row(*messages, status="ok"):
 def builder(qwen_tokenizer):
     def make(template_kwargs=None, **settings):
         specials = resolve_special_tokens(qwen_tokenizer)
-        return TokenBuilder(qwen_tokenizer, specials, TokenSettings(**settings), template_kwargs)
+        return TokenBuilder(qwen_tokenizer, specials, token_settings(**settings), template_kwargs)
 
     return make
 
@@ -162,7 +164,7 @@ def test_length_policy(builder):
 def test_prefix_unstable_template_names_the_sample(qwen_tokenizer):
     # A template that numbers turns from the end renders the history differently each time.
     specials = resolve_special_tokens(qwen_tokenizer)
-    b = TokenBuilder(qwen_tokenizer, specials, TokenSettings())
+    b = TokenBuilder(qwen_tokenizer, specials, token_settings())
     numbered = (
         "{% for m in messages %}<|im_start|>{{ m.role }} {{ messages|length - loop.index0 }}\n{{ m.content }}"
         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -208,7 +210,7 @@ def test_empty_think_block_of_the_trained_turn_is_filled_as_generated(qwen_token
     with swapped_template(qwen_tokenizer, blanking):
         specials = resolve_special_tokens(qwen_tokenizer)
         conversation = row(user("Hi"), reply("Hello.", "greet"), user("Bye"), reply("Goodbye.", "part"))
-        [sample] = TokenBuilder(qwen_tokenizer, specials, TokenSettings()).samples_for(conversation)
+        [sample] = TokenBuilder(qwen_tokenizer, specials, token_settings()).samples_for(conversation)
         assert masked_spans(qwen_tokenizer, sample) == [
             "<think>\n\n</think>\n\nHello.<|im_end|>",
             "<think>\npart\n</think>\n\nGoodbye.<|im_end|>",
@@ -223,10 +225,10 @@ def test_template_that_drops_the_trained_turns_reasoning_fails_loudly(qwen_token
     )
     with swapped_template(qwen_tokenizer, bare):
         specials = resolve_special_tokens(qwen_tokenizer)
-        b = TokenBuilder(qwen_tokenizer, specials, TokenSettings())
+        b = TokenBuilder(qwen_tokenizer, specials, token_settings())
         with pytest.raises(ReasoningDroppedError, match="sample sample: the chat template renders the trained"):
             b.samples_for(row(user("Hi"), reply("Hello.", "think first")))
-        [sample] = TokenBuilder(qwen_tokenizer, specials, TokenSettings(thinking="drop")).samples_for(
+        [sample] = TokenBuilder(qwen_tokenizer, specials, token_settings(thinking="drop")).samples_for(
             row(user("Hi"), reply("Hello.", "think first"))
         )
         assert masked_spans(qwen_tokenizer, sample) == ["Hello.<|im_end|>"]
@@ -254,8 +256,8 @@ def tricky_rows(n):
 def test_offset_boundaries_agree_with_prefix_reencoding(qwen_tokenizer):
     specials = resolve_special_tokens(qwen_tokenizer)
     rows = tricky_rows(36)
-    by_offsets = TokenBuilder(qwen_tokenizer, specials, TokenSettings(), boundaries="offsets").samples_for_rows(rows)
-    by_prefix = TokenBuilder(qwen_tokenizer, specials, TokenSettings(), boundaries="prefix").samples_for_rows(rows)
+    by_offsets = TokenBuilder(qwen_tokenizer, specials, token_settings(), boundaries="offsets").samples_for_rows(rows)
+    by_prefix = TokenBuilder(qwen_tokenizer, specials, token_settings(), boundaries="prefix").samples_for_rows(rows)
     assert len(by_offsets) == 36
     assert by_offsets == by_prefix
 
@@ -265,9 +267,9 @@ def test_worker_processes_give_the_same_samples_and_audit(kimi_remote_code_dir):
     for n, r in enumerate(rows):
         if n % 3 == 0:
             r["status"] = "truncated"
-    model = {"trust_remote_code": True, "special_tokens": {"expected_ids": {"<|im_end|>": 163586}}}
-    one, one_report = build_samples(rows, kimi_remote_code_dir, model, TokenSettings(), workers=1)
-    two, two_report = build_samples(rows, kimi_remote_code_dir, model, TokenSettings(), workers=2)
+    model = defaults("model", trust_remote_code=True, special_tokens={"expected_ids": {"<|im_end|>": 163586}})
+    one, one_report = build_samples(rows, kimi_remote_code_dir, model, token_settings(), workers=1)
+    two, two_report = build_samples(rows, kimi_remote_code_dir, model, token_settings(), workers=2)
     assert len(one) == len(rows) - len(range(0, len(rows), 3))
     assert one == two
     assert one_report == two_report

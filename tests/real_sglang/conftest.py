@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from eagle3_datagen.config_schema import fill_defaults
+
 CPU_DIR = Path(__file__).parent / "cpu"
 SGLANG_CPU_ENV = {
     "SGLANG_USE_CPU_ENGINE": "1",
@@ -30,11 +32,9 @@ except ImportError as error:  # run by plain `pytest` in the main venv: say how 
     raise ImportError("tests/real_sglang runs under .venv-sglang: use `make test` (or `make sglang-env`)") from error
 
 # Small enough for a CI core, large enough that the KV cache holds every test batch.
-CPU_CAPTURE_SETTINGS = {
-    "dtype": "float32",
-    "mem_fraction_static": 0.05,
-    "server_args": {"max_total_tokens": 4096},
-}
+CPU_CAPTURE_SETTINGS = fill_defaults(
+    {"dtype": "float32", "mem_fraction_static": 0.05, "server_args": {"max_total_tokens": 4096}}, "hidden_states.sglang"
+)
 MAX_BATCH_TOKENS = 64
 
 

@@ -8,6 +8,7 @@ from eagle3_datagen.backends.base import SingleProcess
 from eagle3_datagen.backends.batching import capture_in_batches, plan_batches
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.backends.sglang.capture import SGLangCapture, load_sglang_capture
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.diagnostics.gpu_check import agreement_by_layer, format_table, random_batch
 
 from ..test_hidden import make_samples
@@ -23,7 +24,7 @@ def test_states_equal_the_hf_backend_layer_by_layer(qwen_runner, tiny_model_dir,
     batch = [s["input_ids"] for s in make_samples(5, seed=3)]
     batch = [ids[: MAX_BATCH_TOKENS // len(batch)] for ids in batch]
     sglang_states = sglang_capture(qwen_runner, final)(batch)
-    hf_states = HFCapture(tiny_model_dir, "auto", final, {"dtype": "float32"})(batch)
+    hf_states = HFCapture(tiny_model_dir, "auto", final, {"dtype": "float32", "device": "cpu"})(batch)
     assert [aux.shape for aux, _ in sglang_states] == [(len(ids), 3 * 32) for ids in batch]
     for (aux, fin), (hf_aux, hf_fin) in zip(sglang_states, hf_states, strict=True):
         for layer in range(3):
@@ -35,7 +36,7 @@ def test_states_equal_the_hf_backend_layer_by_layer(qwen_runner, tiny_model_dir,
 def test_explicit_layers_are_the_ones_captured(qwen_runner, tiny_model_dir):
     batch = random_batch(512, samples=3, lo=3, hi=20)
     ours = sglang_capture(qwen_runner, aux=[1, 7])(batch)
-    expected = HFCapture(tiny_model_dir, [1, 7], "normed", {"dtype": "float32"})(batch)
+    expected = HFCapture(tiny_model_dir, [1, 7], "normed", {"dtype": "float32", "device": "cpu"})(batch)
     for (aux, _), (hf_aux, _) in zip(ours, expected, strict=True):
         torch.testing.assert_close(aux, hf_aux, atol=1e-5, rtol=1e-5)
     assert qwen_runner.model.model.layers_to_capture == [1, 7]
@@ -85,7 +86,7 @@ def test_states_cut_short_are_refused(qwen_runner):
 
 def test_gpu_check_passes_equal_backends_and_names_a_wrong_layer(qwen_runner, tiny_model_dir):
     batch = random_batch(512, samples=6, lo=3, hi=20)
-    reference = HFCapture(tiny_model_dir, "auto", "normed", {"dtype": "float32"})
+    reference = HFCapture(tiny_model_dir, "auto", "normed", {"dtype": "float32", "device": "cpu"})
     expected = capture_in_batches(reference, batch, MAX_BATCH_TOKENS)
     ours = capture_in_batches(sglang_capture(qwen_runner), batch, MAX_BATCH_TOKENS)
     rows = agreement_by_layer(ours, expected, [2, 4, 5], "normed")
@@ -129,4 +130,4 @@ def test_packed_batches_budget_tokens_not_rows_times_longest():
 def test_sglang_backend_needs_torchrun(monkeypatch, tmp_path):
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(RuntimeError, match="torchrun --nproc-per-node"):
-        load_sglang_capture(tmp_path, "auto", "normed", {}, False, 64)
+        load_sglang_capture(tmp_path, "auto", "normed", fill_defaults({}, "hidden_states.sglang"), False, 64)

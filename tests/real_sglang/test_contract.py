@@ -7,6 +7,7 @@ import inspect
 import pytest
 
 from eagle3_datagen.backends.sglang.capture import CPU_SERVER_FLAGS, server_flags
+from eagle3_datagen.config_schema import fill_defaults
 
 from .conftest import CPU_LAUNCH_ARGS
 
@@ -92,7 +93,10 @@ def test_the_server_flags_used_parse():
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    settings = {"dtype": "float32", "server_args": {"max_total_tokens": 4096, "trust_remote_code": True}}
+    settings = fill_defaults(
+        {"dtype": "float32", "server_args": {"max_total_tokens": 4096, "trust_remote_code": True}},
+        "hidden_states.sglang",
+    )
     flags = [*server_flags("/m", settings, False, 64, 2), *CPU_SERVER_FLAGS]
     args = parser.parse_args(flags)
     assert (args.tp_size, args.chunked_prefill_size, args.max_total_tokens, args.trust_remote_code) == (

@@ -16,18 +16,22 @@ import torch
 from eagle3_datagen.backends.base import SingleProcess
 from eagle3_datagen.backends.batching import capture_in_batches, plan_batches
 from eagle3_datagen.backends.sglang.capture import SGLangCapture
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.hidden_codec import Codec
 from eagle3_datagen.formats.hidden_shard import HiddenShard, plan_parts
 
 from ..test_hidden import make_samples
 from .conftest import CPU_CAPTURE_SETTINGS
 
-SETTINGS = {
-    "dtype": "float32",
-    "shard_bytes": 30_000,
-    "max_batch_tokens": 64,
-    "sglang": {**CPU_CAPTURE_SETTINGS, "device": "cpu"},
-}
+SETTINGS = fill_defaults(
+    {
+        "dtype": "float32",
+        "shard_bytes": 30_000,
+        "max_batch_tokens": 64,
+        "sglang": {**CPU_CAPTURE_SETTINGS, "device": "cpu"},
+    },
+    "hidden_states",
+)
 
 
 def test_two_ranks_resume_in_lockstep(tmp_path, tiny_model_dir, qwen_runner):
@@ -54,7 +58,7 @@ def test_two_ranks_resume_in_lockstep(tmp_path, tiny_model_dir, qwen_runner):
     )
     reports = [json.loads((tmp_path / f"report.{rank}.json").read_text()) for rank in (0, 1)]
     lengths = [len(s["input_ids"]) for s in samples]
-    parts = plan_parts(lengths, Codec(dtype="float32").bytes_per_token(3, 32), SETTINGS["shard_bytes"])
+    parts = plan_parts(lengths, Codec.from_settings(SETTINGS).bytes_per_token(3, 32), SETTINGS["shard_bytes"])
     assert len(parts) >= 3
     batches = [len(plan_batches([lengths[i] for i in part], 64, packed=True)) for part in parts]
     # Every rank made every forward pass; only rank 0 wrote; resuming redid only the missing parts.

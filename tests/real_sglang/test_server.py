@@ -17,6 +17,7 @@ import torch
 
 from eagle3_datagen.backends.sglang.generate import SGLangBackend
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
 
@@ -25,7 +26,8 @@ from .conftest import CPU_LAUNCH_ARGS
 JOB = """
 import sys, time
 from eagle3_datagen.backends.sglang.server import launched_server
-launch = {"args": %r, "health_timeout": 900}
+from eagle3_datagen.config_schema import fill_defaults
+launch = fill_defaults({"args": %r, "health_timeout": 900}, "inference.sglang.launch")
 with launched_server(%r, %r, launch, %r) as server:
     print(server.pid, flush=True)
     time.sleep(3600)
@@ -97,7 +99,10 @@ def test_responses_are_hf_greedy_ids_through_both_tiers(server, served_model_dir
         "long": {"concurrency": 1, "max_tokens": 3},
     }
     backend = SGLangBackend(
-        served_model_dir, {"max_new_tokens": 6, "temperature": 0.0}, {"url": url, "tiers": tiers}, {}
+        served_model_dir,
+        fill_defaults({"max_new_tokens": 6, "temperature": 0.0}, "inference.sampling"),
+        fill_defaults({"url": url, "tiers": tiers}, "inference.sglang"),
+        fill_defaults({}, "model"),
     )
     run_journaled_responses(
         tmp_path / "prompts.jsonl.zst", tmp_path / "out.jsonl.zst", tmp_path / "s.json", backend, Budgets()

@@ -19,6 +19,7 @@ import torch
 
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import write_jsonl_zst
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.vocab import run_vocab
@@ -40,7 +41,7 @@ KIMI = {
 SAMPLES = 16
 NORM_SCALE = 20.0
 DRAFT_VOCAB = 256
-HIDDEN_SETTINGS = {"dtype": "bfloat16", "shard_bytes": 64_000, "max_batch_tokens": 1024}
+HIDDEN_SETTINGS = fill_defaults({"dtype": "bfloat16", "shard_bytes": 64_000, "max_batch_tokens": 1024}, "hidden_states")
 
 
 def build_model(arch: str, out: Path) -> torch.nn.Module:
@@ -91,7 +92,7 @@ def main() -> None:
     write_jsonl_zst(out / "tokens.jsonl.zst", samples)
     run_vocab([str(out / "tokens.jsonl.zst")], out / "model", DRAFT_VOCAB, out / "vocab")
     for final in ("raw", "normed"):
-        capture = HFCapture(out / "model", "auto", final, {"dtype": "float32"})
+        capture = HFCapture(out / "model", "auto", final, {"dtype": "float32", "device": "cpu"})
         capture_shard(samples, out / "hidden" / final, capture, HIDDEN_SETTINGS)
         command = [sys.executable, str(REPO / "scripts" / "export.py"), "--format", "specforge"]
         command += ["--hidden", str(out / "hidden" / final), "--model", str(out / "model")]

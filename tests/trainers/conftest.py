@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.stages.export import export
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.vocab import vocab_mapping
@@ -79,8 +80,8 @@ def captured(tmp_path_factory, verifier_dir) -> dict:
     model = AutoModelForCausalLM.from_pretrained(verifier_dir).eval()
     model.generation_config.pad_token_id = model.config.pad_token_id or 0
     samples = greedy_samples(model, 24, seed=1)
-    capture = HFCapture(verifier_dir, "auto", "raw", {"dtype": "float32"})
-    settings = {"dtype": "bfloat16", "shard_bytes": 1 << 20, "max_batch_tokens": 256}
+    capture = HFCapture(verifier_dir, "auto", "raw", {"dtype": "float32", "device": "cpu"})
+    settings = fill_defaults({"dtype": "bfloat16", "shard_bytes": 1 << 20, "max_batch_tokens": 256}, "hidden_states")
     shards = [root / "hidden" / "00000", root / "hidden" / "00001"]
     capture_shard(samples[:14], shards[0], capture, {**settings, "shard_bytes": 16_000})
     capture_shard(samples[14:], shards[1], capture, settings)

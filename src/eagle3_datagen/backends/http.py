@@ -55,14 +55,17 @@ def classify(status: int, body: object, retry_after: float | None) -> Exception:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    max_attempts: int = 8
-    initial_backoff: float = 1.0
-    max_backoff: float = 60.0
-    max_retry_after: float = 600.0
+    """A backend's `retry` settings (`$defs.retry` in schemas/config.schema.yaml)."""
+
+    max_attempts: int
+    initial_backoff: float
+    max_backoff: float
+    max_retry_after: float
 
     @classmethod
     def from_config(cls, section: dict) -> RetryPolicy:
-        return cls(**{k: v for k, v in section.items() if k in cls.__dataclass_fields__})
+        """From the validated config's `retry` section, where validation filled every default."""
+        return cls(**{name: section[name] for name in cls.__dataclass_fields__})
 
     def _wait(self, state: RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome else None

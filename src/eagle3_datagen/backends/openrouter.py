@@ -19,7 +19,6 @@ from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
 from eagle3_datagen.chat.tool_calls import calls_before, openai_call
 
-DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 MAX_CONCURRENCY = 2000
 
 
@@ -38,21 +37,22 @@ class OpenRouterBackend:
     name = "openrouter"
 
     def __init__(self, sampling: dict, settings: dict):
-        key_env = settings.get("api_key_env", "OPENROUTER_API_KEY")
+        key_env = settings["api_key_env"]
         key = os.environ.get(key_env)
         if not key:
             raise MissingApiKey(f"the environment variable {key_env} is not set; export the OpenRouter API key there")
         self.model = settings["model"]
         self.sampling = sampling
+        # absent: sampling.max_new_tokens, and no provider routing
         self.max_tokens = settings.get("max_tokens", sampling["max_new_tokens"])
-        self.concurrency = min(settings.get("concurrency", 256), MAX_CONCURRENCY)
+        self.concurrency = min(settings["concurrency"], MAX_CONCURRENCY)
         self.provider = settings.get("provider")
-        self.reasoning = settings.get("reasoning", {"enabled": True})
+        self.reasoning = settings["reasoning"]
         self.client = JsonClient(
-            settings.get("base_url", DEFAULT_BASE_URL),
+            settings["base_url"],
             self.concurrency,
-            settings.get("request_timeout", 900),
-            RetryPolicy.from_config(settings.get("retry", {})),
+            settings["request_timeout"],
+            RetryPolicy.from_config(settings["retry"]),
             headers={"Authorization": f"Bearer {key}"},
         )
         self._slots = asyncio.Semaphore(self.concurrency)
@@ -79,14 +79,13 @@ class OpenRouterBackend:
             "model": self.model,
             "messages": [request_message(m) for m in messages],
             "max_tokens": self.max_tokens,
-            "temperature": self.sampling.get("temperature", 0.0),
-            "top_p": self.sampling.get("top_p", 1.0),
+            "temperature": self.sampling["temperature"],
+            "top_p": self.sampling["top_p"],
             "reasoning": self.reasoning,
         }
-        if self.sampling.get("top_k"):
+        if self.sampling["top_k"]:
             payload["top_k"] = self.sampling["top_k"]
-        if self.sampling.get("seed") is not None:
-            payload["seed"] = self.sampling["seed"]
+        payload["seed"] = self.sampling["seed"]
         if self.provider:
             payload["provider"] = self.provider
         if tools:

@@ -54,11 +54,9 @@ class RenderedChat:
     """
 
     def __init__(self, model_path: str | Path, model_settings: dict):
-        self.tokenizer = load_tokenizer(model_path, model_settings.get("trust_remote_code", False))
-        self.template_kwargs = model_settings.get("chat_template_kwargs") or {}
-        self.specials = resolve_special_tokens(
-            self.tokenizer, model_settings.get("special_tokens"), self.template_kwargs
-        )
+        self.tokenizer = load_tokenizer(model_path, model_settings["trust_remote_code"])
+        self.template_kwargs = model_settings["chat_template_kwargs"]
+        self.specials = resolve_special_tokens(self.tokenizer, model_settings["special_tokens"], self.template_kwargs)
         self.tool_calls = ToolCallReader(self.tokenizer, self.template_kwargs)
 
     def prompt_ids(self, messages: list[dict], tools: list[dict] | None) -> list[int]:

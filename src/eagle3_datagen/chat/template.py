@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from eagle3_datagen.config_schema import fill_defaults
+
 PROBE_USER = "Say hi."
 PROBE_ASSISTANT = "Probe reply."
 
@@ -194,12 +196,13 @@ def resolve_special_tokens(
 ) -> SpecialTokens:
     """Resolve end-of-turn, template and thinking tokens to IDs, each checked to round-trip.
 
-    `configured` may name the end-of-turn token (else it is read from the template; when named,
-    it must be the one the template places) and pin IDs (`expected_ids`), which must match.
+    `configured` (`model.special_tokens`; what it leaves out takes the schema's default) may name the
+    end-of-turn token (else it is read from the template; when named, it must be the one the template
+    places) and pin IDs (`expected_ids`), which must match.
     """
-    configured = configured or {}
+    configured = fill_defaults(dict(configured or {}), "model.special_tokens")
     detected = detect_end_of_turn(tokenizer, template_kwargs)
-    end_of_turn = configured.get("end_of_turn", "auto")
+    end_of_turn = configured["end_of_turn"]
     if end_of_turn == "auto":
         end_of_turn = detected
     elif end_of_turn != detected:
@@ -209,8 +212,7 @@ def resolve_special_tokens(
             f"with {detected!r}; set it to {detected!r} or to auto"
         )
     template_tokens = {t: single_token_id(tokenizer, t) for t in template_special_tokens(tokenizer, template_kwargs)}
-    think_start = configured.get("think_start", "<think>")
-    think_end = configured.get("think_end", "</think>")
+    think_start, think_end = configured["think_start"], configured["think_end"]
     vocab = tokenizer.get_vocab()
     has_thinking = think_start in vocab and think_end in vocab
     end_of_turn_id = single_token_id(tokenizer, end_of_turn)

@@ -50,22 +50,23 @@ REFERENCE_DTYPE = torch.bfloat16
 class Codec:
     """A shard's storage settings (`hidden_states.dtype`, `scales`, `scale_block`, `compress`)."""
 
-    dtype: str = "bfloat16"
-    scales: str = "token"  # fp8 only
-    scale_block: int = 128  # fp8 `block` only
-    compress: str = "none"
-    level: int = 3
-    reference_positions: int = 1024  # fp8 only: bf16 rows kept per shard for the probe
+    dtype: str
+    scales: str  # fp8 only
+    scale_block: int  # fp8 `block` only
+    compress: str
+    level: int
+    reference_positions: int  # fp8 only: bf16 rows kept per shard for the probe
 
     @classmethod
     def from_settings(cls, settings: dict) -> Codec:
+        """From the validated `hidden_states` settings, where validation filled every default."""
         codec = cls(
             dtype=settings["dtype"],
-            scales=settings.get("scales", "token"),
-            scale_block=settings.get("scale_block", 128),
-            compress=settings.get("compress", "none"),
-            level=settings.get("compress_level", 3),
-            reference_positions=settings.get("reference_positions", 1024),
+            scales=settings["scales"],
+            scale_block=settings["scale_block"],
+            compress=settings["compress"],
+            level=settings["compress_level"],
+            reference_positions=settings["reference_positions"],
         )
         if codec.dtype not in PLAIN_DTYPES and codec.dtype not in FP8_DTYPES:
             raise ValueError(f"hidden_states.dtype {codec.dtype!r}: use one of {[*PLAIN_DTYPES, *FP8_DTYPES]}")
@@ -75,15 +76,18 @@ class Codec:
 
     @classmethod
     def from_index(cls, index: dict) -> Codec:
-        """The codec a finished shard's index.json records (shards from before fp8 included)."""
+        """The codec a finished shard's index.json records (shards from before fp8 included). An index
+        records scales only for fp8 and compression only when compressed: absent, they do not apply, and
+        the values here only fill the fields. A reader keeps no reference rows."""
         scales = index.get("scales") or {}
         compress = index.get("compress") or {}
         return cls(
             dtype=index["dtype"],
             scales=scales.get("granularity", "token"),
-            scale_block=scales.get("block", 128),
+            scale_block=scales.get("block", 0),
             compress=compress.get("codec", "none"),
-            level=compress.get("level", 3),
+            level=compress.get("level", 0),
+            reference_positions=0,
         )
 
     @property

@@ -65,7 +65,6 @@ def scheduled_partitions(jobs: list[ScheduledJob], rules=(*RESPONSE_RULES, "hidd
     return {job.partition for job in jobs if job.rule in rules and job.partition}
 
 
-DEFAULT_LOAD_SECONDS = {"generation_server": 600.0, "capture_runner": 600.0}
 # What each model's service writes once it is ready (backends/node_service.py), in its logs under logs/.
 SERVICE_LOGS = {
     "generation_server": ("sglang_server/server*.log", re.compile(r"SGLang server ready after ([\d.]+) s")),
@@ -98,7 +97,7 @@ def plan_loads(config: dict, jobs: list[ScheduledJob], logs: str | Path = "logs"
         "generation_server": count_loads(generating, per_allocation),
         "capture_runner": count_loads(capturing, per_allocation),
     }
-    configured = {**DEFAULT_LOAD_SECONDS, **((config.get("plan") or {}).get("load_seconds") or {})}
+    configured = config["plan"]["load_seconds"]
     loads = {}
     for model, count in counts.items():
         seen = measured_loads(Path(logs), model)
@@ -130,7 +129,7 @@ def _model_shape(config: dict) -> tuple[int, int]:
     if path.exists():
         model = text_config(config["model"]["path"])
         return model["num_hidden_layers"], model["hidden_size"]
-    shape = (config.get("plan") or {}).get("model") or {}
+    shape = config["plan"].get("model")  # no default: the model directory's config.json says it
     if not shape:
         raise FileNotFoundError(f"{path} is missing: give plan.model.num_layers and plan.model.hidden_size instead")
     return shape["num_layers"], shape["hidden_size"]
@@ -171,8 +170,9 @@ def compression_ratio(codec: Codec, results: Path) -> tuple[float, str]:
 def plan_partition(config: dict, partition: str, tokenizer, results: Path) -> PartitionPlan:
     backend = inference_backend(config, partition)
     inference = config["inference"]
-    max_tokens = (inference.get(backend) or {}).get("max_tokens") or inference["sampling"]["max_new_tokens"]
-    template_kwargs = config["model"].get("chat_template_kwargs") or {}
+    # absent (hf has none): sampling.max_new_tokens
+    max_tokens = inference[backend].get("max_tokens") or inference["sampling"]["max_new_tokens"]
+    template_kwargs = config["model"]["chat_template_kwargs"]
     prompts = user_turns = prompt_tokens = 0
     for shard in shard_names(config, partition):
         for _, prompt in iter_jsonl(results / partition / "prompts" / f"{shard}.jsonl.zst"):
@@ -183,10 +183,10 @@ def plan_partition(config: dict, partition: str, tokenizer, results: Path) -> Pa
     per_turn = observed if observed is not None else max_tokens
     completion = round(user_turns * per_turn)
     basis = f"observed {observed:.0f} per turn" if observed is not None else f"max tokens {max_tokens} per turn"
-    plan = config.get("plan") or {}
-    prices = (inference.get("openrouter") or {}).get("price_per_million") if backend == "openrouter" else None
+    # no prices, no throughput: no cost, no GPU hours
+    prices = inference["openrouter"].get("price_per_million") if backend == "openrouter" else None
     cost = prompt_tokens / 1e6 * prices["prompt"] + completion / 1e6 * prices["completion"] if prices else None
-    throughput = plan.get("throughput") or {}
+    throughput = config["plan"].get("throughput") or {}
     generate_rate = throughput.get("generate_tokens_per_s")
     prefill_rate = throughput.get("prefill_tokens_per_s")
     layers, hidden = _model_shape(config)
@@ -223,7 +223,7 @@ def make_plan(
     """`jobs`: the dry-run's, to count model loads (none counted without them); `per_allocation`: the
     run submits its jobs to a cluster (each job or group job is an allocation of its own)."""
     results = Path(results)
-    tokenizer = load_tokenizer(config["model"]["path"], config["model"].get("trust_remote_code", False))
+    tokenizer = load_tokenizer(config["model"]["path"], config["model"]["trust_remote_code"])
     rows = [plan_partition(config, p, tokenizer, results) for p in sorted(partitions)]
     total = {
         key: sum(getattr(r, key) for r in rows)

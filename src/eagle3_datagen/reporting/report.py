@@ -120,7 +120,8 @@ def storage_summary(indexes: list[dict]) -> dict:
         return {}
     tokens = sum(i["tokens"] for i in indexes)
     on_disk = sum(i["bytes"] for i in indexes)
-    bf16 = sum(i["tokens"] * Codec().bytes_per_token(len(i["aux_layers"]), i["hidden_size"]) for i in indexes)
+    plain_bf16 = Codec.from_index({"dtype": "bfloat16"})
+    bf16 = sum(i["tokens"] * plain_bf16.bytes_per_token(len(i["aux_layers"]), i["hidden_size"]) for i in indexes)
     first = indexes[0]
     return {
         "dtype": first["dtype"],

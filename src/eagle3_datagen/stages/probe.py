@@ -42,18 +42,21 @@ class ProbeFailure(RuntimeError):
 
 @dataclass
 class ProbeSettings:
-    max_positions: int = 4096  # positions probed per shard, sampled uniformly beyond that
-    min_greedy_agreement: float = 0.98
-    first_positions: int = 4  # response positions where template drift shows first
-    min_first_agreement: float = 0.9
-    min_mean_logprob: float = -3.0  # warning floor for sampled or text-rebuilt data
-    report_positions: int = 32
-    seed: int = 0
-    max_agreement_drop: float = 0.005  # lossy storage: top-1 agreement lost against the bf16 reference rows
+    """The probe's thresholds (`probe` in schemas/config.schema.yaml says each one's meaning and default)."""
+
+    max_positions: int  # positions probed per shard, sampled uniformly beyond that
+    min_greedy_agreement: float
+    first_positions: int  # response positions where template drift shows first
+    min_first_agreement: float
+    min_mean_logprob: float  # warning floor for sampled or text-rebuilt data
+    report_positions: int
+    seed: int
+    max_agreement_drop: float  # lossy storage: top-1 agreement lost against the bf16 reference rows
 
     @classmethod
     def from_config(cls, section: dict) -> ProbeSettings:
-        return cls(**{k: v for k, v in section.items() if k in cls.__dataclass_fields__})
+        """From the validated config's `probe` section, where validation filled every default."""
+        return cls(**{name: section[name] for name in cls.__dataclass_fields__})
 
 
 class LMHead:

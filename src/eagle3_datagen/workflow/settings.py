@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from eagle3_datagen import config_schema
 from eagle3_datagen.formats.checkpoint import text_config
 
 BACKENDS = ("hf", "sglang", "openrouter")
@@ -21,144 +22,16 @@ def shard_names(config: dict, partition: str) -> list[str]:
 
 
 def inference_backend(config: dict, partition: str) -> str:
+    # a partition without a backend of its own takes inference.backend
     return config["partitions"][partition].get("backend") or config["inference"]["backend"]
 
 
 OUTPUT = "output"  # shapes the stage's output: in the rule's params, so a change reruns the stage
 RUN = "run"  # governs only how the job runs: read at run time, a change reschedules nothing
 
-# Every config key's kind, by its path in the schema (`*`: any partition's name). One table, so
-# that a key the schema gains without an entry here fails tests/test_settings.py.
-# Ambiguous keys, decided: what changes float bits but not meaning (tensor-parallel size, batch
-# size, device, packing of prefill batches) is RUN, and the job records it in its provenance.
-KINDS: dict[str, str] = {
-    **dict.fromkeys(
-        [
-            "model.path",
-            "model.trust_remote_code",
-            "model.chat_template_kwargs",
-            "model.special_tokens.end_of_turn",
-            "model.special_tokens.think_start",
-            "model.special_tokens.think_end",
-            "model.special_tokens.expected_ids",
-            "partitions.*.source",
-            "partitions.*.format",
-            "partitions.*.shards",
-            "partitions.*.backend",
-            "partitions.*.max_prompts",
-            "partitions.*.system_prompt",
-            # a threshold decides whether the shard exists, as the probe's thresholds do
-            "partitions.*.max_bad_record_rate",
-            "prompts.shared_across_partitions",
-            "inference.backend",
-            "inference.sampling.max_new_tokens",
-            "inference.sampling.temperature",
-            "inference.sampling.top_p",
-            "inference.sampling.top_k",
-            "inference.sampling.seed",
-            "inference.hf.dtype",
-            "inference.sglang.served_model",
-            # the server's flags that change what it returns (parsers, quantization, context length)
-            "inference.sglang.launch.args",
-            "inference.sglang.tiers.short.max_tokens",
-            "inference.sglang.tiers.short.max_prompt_tokens",
-            "inference.sglang.tiers.long.max_tokens",
-            "inference.openrouter.base_url",
-            "inference.openrouter.model",
-            "inference.openrouter.max_tokens",
-            "inference.openrouter.reasoning",
-            "inference.openrouter.provider",
-            "tokens.thinking",
-            "tokens.prefer_ids",
-            "tokens.keep_truncated",
-            "tokens.max_length",
-            "tokens.length_policy",
-            "tokens.max_semantic_mismatch_rate",
-            "tokens.audit_examples",
-            "hidden_states.backend",
-            "hidden_states.aux_layers",
-            "hidden_states.final",
-            "hidden_states.dtype",
-            "hidden_states.scales",
-            "hidden_states.scale_block",
-            "hidden_states.reference_positions",
-            "hidden_states.shard_bytes",
-            "hidden_states.compress",
-            "hidden_states.compress_level",
-            "hidden_states.max_nonfinite_fraction",
-            "hidden_states.hf.dtype",
-            "hidden_states.sglang.dtype",
-            "hidden_states.sglang.server_args",
-            "export.formats",
-            "vocab_mapping.draft_vocab_size",
-            "probe.max_positions",
-            "probe.min_greedy_agreement",
-            "probe.first_positions",
-            "probe.min_first_agreement",
-            "probe.min_mean_logprob",
-            "probe.report_positions",
-            "probe.seed",
-            "probe.max_agreement_drop",
-        ],
-        OUTPUT,
-    ),
-    **dict.fromkeys(
-        [
-            "inference.hf.batch_size",
-            "inference.hf.device",
-            # a stop at the budget keeps the journal; a raised budget continues from it
-            "inference.token_budget",
-            "inference.sglang.url",
-            "inference.sglang.request_timeout",
-            "inference.sglang.health_timeout",
-            "inference.sglang.launch.command",
-            "inference.sglang.launch.run_args",
-            "inference.sglang.launch.health_timeout",
-            "inference.sglang.launch.stop_timeout",
-            "inference.sglang.launch.idle_timeout",
-            "inference.sglang.tiers.short.concurrency",
-            "inference.sglang.tiers.long.concurrency",
-            "inference.sglang.retry.max_attempts",
-            "inference.sglang.retry.initial_backoff",
-            "inference.sglang.retry.max_backoff",
-            "inference.sglang.retry.max_retry_after",
-            "inference.openrouter.api_key_env",
-            "inference.openrouter.concurrency",
-            "inference.openrouter.request_timeout",
-            "inference.openrouter.max_cost_usd",
-            "inference.openrouter.price_per_million.prompt",
-            "inference.openrouter.price_per_million.completion",
-            "inference.openrouter.retry.max_attempts",
-            "inference.openrouter.retry.initial_backoff",
-            "inference.openrouter.retry.max_backoff",
-            "inference.openrouter.retry.max_retry_after",
-            "hidden_states.max_batch_tokens",
-            "hidden_states.hf.device",
-            "hidden_states.sglang.device",
-            "hidden_states.sglang.mem_fraction_static",
-            "hidden_states.runner.idle_timeout",
-            "hidden_states.runner.load_timeout",
-            "probe.device",
-            "plan.throughput.generate_tokens_per_s",
-            "plan.throughput.prefill_tokens_per_s",
-            "plan.model.num_layers",
-            "plan.model.hidden_size",
-            "plan.load_seconds.generation_server",
-            "plan.load_seconds.capture_runner",
-            # the tensor-parallel size of SGLang's server and capture runner
-            "resources.gpus_per_node",
-            "resources.jobs.hidden_states.mem_mb",
-            "resources.jobs.hidden_states.cpus_per_task",
-            "resources.jobs.hidden_states.runtime",
-            "resources.jobs.responses_sglang_server.mem_mb",
-            "resources.jobs.responses_sglang_server.cpus_per_task",
-            "resources.jobs.responses_sglang_server.runtime",
-        ],
-        RUN,
-    ),
-}
-# The demo model is an output of its own rule: every setting of it shapes it.
-DEMO_PREFIX = "demo."
+# Every config key's kind, by its path in the schema (`*`: any partition's name): each key's `x-kind`
+# in schemas/config.schema.yaml, where a key without one fails tests/test_settings.py.
+KINDS: dict[str, str] = config_schema.kinds()
 
 
 def kind_of(path: str) -> str:
@@ -167,10 +40,8 @@ def kind_of(path: str) -> str:
     if parts[0] == "partitions" and len(parts) > 2:
         parts[1] = "*"
     key = ".".join(parts)
-    if key.startswith(DEMO_PREFIX):
-        return OUTPUT
     if key not in KINDS:
-        raise KeyError(f"config key {key!r} is not classified in eagle3_datagen.workflow.settings.KINDS")
+        raise KeyError(f"config key {key!r} has no x-kind in schemas/config.schema.yaml")
     return KINDS[key]
 
 
@@ -204,6 +75,7 @@ def prompt_settings(config: dict, partition: str) -> dict:
     """The prompts rule's settings. Keys at their defaults are left out, so that a config written
     before they existed keeps its params (and its finished prompts are not rescheduled)."""
     part = config["partitions"][partition]
+    # no system prompt, no cap on prompts: None
     settings = {
         "format": part["format"],
         "system_prompt": part.get("system_prompt"),
@@ -219,19 +91,13 @@ def prompt_settings(config: dict, partition: str) -> dict:
 def earlier_partitions(config: dict, partition: str) -> list[str]:
     """The partitions whose prompts `partition` leaves out: those before it in name order, when
     `prompts.shared_across_partitions` is `drop`; none when it is `keep` (the default)."""
-    if (config.get("prompts") or {}).get("shared_across_partitions", "keep") != "drop":
+    if config["prompts"]["shared_across_partitions"] != "drop":
         return []
     return [p for p in sorted(config["partitions"]) if p < partition]
 
 
 def model_settings(config: dict) -> dict:
-    model = config["model"]
-    return {
-        "path": model["path"],
-        "trust_remote_code": model.get("trust_remote_code", False),
-        "chat_template_kwargs": model.get("chat_template_kwargs") or {},
-        "special_tokens": model.get("special_tokens") or {},
-    }
+    return split(config["model"], "model")[0]
 
 
 def response_settings(config: dict, partition: str) -> dict:
@@ -241,7 +107,7 @@ def response_settings(config: dict, partition: str) -> dict:
     return {
         "backend": backend,
         "sampling": inference["sampling"],
-        backend: split(inference.get(backend), f"inference.{backend}")[0],
+        backend: split(inference[backend], f"inference.{backend}")[0],
         "model": model_settings(config),
     }
 
@@ -250,15 +116,15 @@ def response_run_settings(config: dict) -> dict:
     """What governs a responses job, for every backend (a job reads its own backend's), and the GPUs a
     launched server's job step asks for under SLURM."""
     inference = config["inference"]
+    # openrouter has settings without a default: absent where no partition uses it
     run = {b: split(inference.get(b), f"inference.{b}")[1] for b in BACKENDS}
+    # no token_budget: no budget
     return {"token_budget": inference.get("token_budget"), "gpus": config["resources"]["gpus_per_node"], **run}
 
 
 def served_by_launched_server(config: dict, partition: str) -> bool:
     """Partitions whose responses come from the SGLang server the workflow launches for them."""
-    return inference_backend(config, partition) == "sglang" and bool(
-        (config["inference"].get("sglang") or {}).get("launch")
-    )
+    return inference_backend(config, partition) == "sglang" and "launch" in config["inference"]["sglang"]
 
 
 def token_settings(config: dict) -> dict:
@@ -268,7 +134,7 @@ def token_settings(config: dict) -> dict:
 def hidden_settings(config: dict) -> dict:
     """What shapes hidden states; of the backends' own sections, only the configured backend's."""
     hidden = dict(config["hidden_states"])
-    backend = hidden.get("backend", "hf")
+    backend = hidden["backend"]
     for other in ("hf", "sglang"):
         if other != backend:
             hidden.pop(other, None)
@@ -288,11 +154,11 @@ def probe_settings(config: dict, partition: str) -> dict:
     backend = inference_backend(config, partition)
     greedy_exact = (
         backend in ID_BACKENDS
-        and config["inference"]["sampling"].get("temperature", 0.0) == 0.0
-        and config["tokens"].get("prefer_ids", "server") == "server"
+        and config["inference"]["sampling"]["temperature"] == 0.0
+        and config["tokens"]["prefer_ids"] == "server"
     )
     return {
-        "probe": split(config.get("probe"), "probe")[0],
+        "probe": split(config["probe"], "probe")[0],
         "backend": backend,
         "greedy_exact": greedy_exact,
         "model": {"path": config["model"]["path"]},
@@ -300,7 +166,7 @@ def probe_settings(config: dict, partition: str) -> dict:
 
 
 def probe_run_settings(config: dict) -> dict:
-    return {"probe": split(config.get("probe"), "probe")[1]}
+    return {"probe": split(config["probe"], "probe")[1]}
 
 
 RUN_SETTINGS_ENV = "EAGLE3_DATAGEN_RUN_SETTINGS"
@@ -328,10 +194,9 @@ def uses_gpu(config: dict, stage: str, partition: str | None = None) -> bool:
         backend = inference_backend(config, partition)
         if backend in GPU_BACKENDS:
             return True
-        return backend == "hf" and config["inference"].get("hf", {}).get("device", "cpu") == "cuda"
-    return config["hidden_states"].get("backend", "hf") in GPU_BACKENDS or (
-        config["hidden_states"].get("hf", {}).get("device", "cpu") == "cuda"
-    )
+        return backend == "hf" and config["inference"]["hf"]["device"] == "cuda"
+    hidden = config["hidden_states"]
+    return hidden["backend"] in GPU_BACKENDS or hidden["hf"]["device"] == "cuda"
 
 
 def gpus_for(config: dict, stage: str, partition: str | None = None) -> int:
@@ -363,7 +228,7 @@ def demo_fit_partitions(config: dict) -> list[dict]:
     partition's system prompt changes it (and only it)."""
     keys = (
         ("source", "format", "system_prompt")
-        if config["demo"].get("architecture") == "deepseek_v3"
+        if config["demo"].get("architecture") == "deepseek_v3"  # absent: qwen3, as the demo's params record it
         else ("source", "format")
     )
     return [{k: config["partitions"][p].get(k) for k in keys} for p in sorted(config["partitions"])]
@@ -412,17 +277,16 @@ def storage_problems(config: dict) -> list[str]:
     fix; checked before any job, so nothing is captured that cannot be used."""
     hidden = config["hidden_states"]
     problems = []
-    formats = (config.get("export") or {}).get("formats") or []
-    if "speculators" in formats and hidden.get("final", "raw") == "normed":
+    if "speculators" in config["export"]["formats"] and hidden["final"] == "normed":
         problems.append(
             "hidden_states.final: normed cannot be exported to speculators: speculators 0.9.0 applies the "
             "verifier's final norm to the last slot itself and would norm it twice. Set hidden_states.final: raw "
             "(the specforge export applies the norm where SpecForge needs it), or drop speculators from export.formats."
         )
-    dtype, scales = hidden["dtype"], hidden.get("scales", "token")
+    dtype, scales = hidden["dtype"], hidden["scales"]
     if dtype.startswith("float8") and scales == "block":
         hidden_size = demo_or_model_hidden_size(config)
-        block = hidden.get("scale_block", 128)
+        block = hidden["scale_block"]
         if hidden_size is not None and hidden_size % min(block, hidden_size):
             problems.append(
                 f"hidden_states.scale_block {block} does not divide the model's hidden size {hidden_size}: "
@@ -435,6 +299,6 @@ def demo_or_model_hidden_size(config: dict) -> int | None:
     """The target's hidden size, where it is known before any job (the demo's config, or a model
     directory that already exists)."""
     if "demo" in config:
-        return config["demo"].get("hidden_size")
+        return config["demo"]["hidden_size"]
     model_dir = Path(config["model"]["path"])
     return int(text_config(model_dir)["hidden_size"]) if (model_dir / "config.json").exists() else None

@@ -20,13 +20,13 @@ class HFBackend:
         self.model = Path(model_path).name
         self.chat = RenderedChat(model_path, model_settings)
         self.tokenizer, self.specials = self.chat.tokenizer, self.chat.specials
-        self.lm = load_causal_lm(model_path, settings, model_settings.get("trust_remote_code", False))
+        self.lm = load_causal_lm(model_path, settings, model_settings["trust_remote_code"])
         self.sampling = sampling
-        self.batch_size = settings.get("batch_size", 8)
-        self.seed = sampling.get("seed", 0)
+        self.batch_size = settings["batch_size"]
+        self.seed = sampling["seed"]
 
     def _generation_kwargs(self) -> dict:
-        temperature = self.sampling.get("temperature", 0.0)
+        temperature = self.sampling["temperature"]
         kwargs = {
             "max_new_tokens": self.sampling["max_new_tokens"],
             "eos_token_id": self.specials.end_of_turn_id,
@@ -36,8 +36,8 @@ class HFBackend:
         if temperature > 0:
             kwargs.update(
                 temperature=temperature,
-                top_p=self.sampling.get("top_p", 1.0),
-                top_k=self.sampling.get("top_k", 0) or None,
+                top_p=self.sampling["top_p"],
+                top_k=self.sampling["top_k"] or None,
             )
         return kwargs
 

@@ -16,6 +16,6 @@ def load_causal_lm(model_path: str | Path, settings: dict, trust_remote_code: bo
         str(model_path),
         trust_remote_code=trust_remote_code,
         local_files_only=True,
-        dtype=DTYPES[settings.get("dtype", "float32")],
-        device_map="auto" if settings.get("device", "cpu") == "cuda" else None,
+        dtype=DTYPES[settings["dtype"]],
+        device_map="auto" if settings["device"] == "cuda" else None,
     ).eval()

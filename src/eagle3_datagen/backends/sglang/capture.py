@@ -174,11 +174,11 @@ def server_flags(
         "--model-path",
         str(model_path),
         "--dtype",
-        settings.get("dtype", "auto"),
+        settings["dtype"],
         "--tp-size",
         str(tp_size),
         "--mem-fraction-static",
-        str(settings.get("mem_fraction_static", 0.85)),
+        str(settings["mem_fraction_static"]),
         "--max-prefill-tokens",
         str(max_batch_tokens),
         "--chunked-prefill-size",
@@ -191,7 +191,7 @@ def server_flags(
     ]
     if trust_remote_code:
         flags.append("--trust-remote-code")
-    for name, value in (settings.get("server_args") or {}).items():
+    for name, value in settings["server_args"].items():
         flag = "--" + name.replace("_", "-")
         if value is True:
             flags.append(flag)
@@ -350,7 +350,7 @@ def load_sglang_capture(
     model_path: str | Path, aux_spec, final: str, settings: dict, trust_remote_code: bool, max_batch_tokens: int
 ) -> SGLangCapture:
     """Join the torchrun process group and load this rank's slice of the model."""
-    device = settings.get("device", "cuda")
+    device = settings["device"]
     if device == "cpu":
         os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # read when sglang is first imported
     rank, local_rank = join_torchrun(device)

@@ -19,7 +19,7 @@ from eagle3_datagen.backends.base import RetryableError, ServerError, Turn
 from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
 from eagle3_datagen.backends.rendered import RenderedChat
-from eagle3_datagen.backends.sglang.server import DEFAULT_URL, wait_healthy
+from eagle3_datagen.backends.sglang.server import wait_healthy
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +33,16 @@ class Tier:
 
 
 def tiers_from_config(settings: dict, default_max_tokens: int) -> tuple[Tier, Tier]:
-    tiers = settings.get("tiers") or {}
-    short, long = tiers.get("short") or {}, tiers.get("long") or {}
+    """The tiers of `settings` (inference.sglang); a tier without max_tokens takes sampling.max_new_tokens."""
+    short, long = settings["tiers"]["short"], settings["tiers"]["long"]
     return (
         Tier(
             "short",
-            short.get("concurrency", 256),
+            short["concurrency"],
             short.get("max_tokens", default_max_tokens),
-            short.get("max_prompt_tokens", 4096),
+            short["max_prompt_tokens"],
         ),
-        Tier("long", long.get("concurrency", 32), long.get("max_tokens", default_max_tokens)),
+        Tier("long", long["concurrency"], long.get("max_tokens", default_max_tokens)),
     )
 
 
@@ -65,13 +65,13 @@ class SGLangBackend:
         self.sampling = sampling
         self.short, self.long = tiers_from_config(settings, sampling["max_new_tokens"])
         self.concurrency = self.short.concurrency + self.long.concurrency
-        self.url = settings.get("url", DEFAULT_URL)
-        self.health_timeout = settings.get("health_timeout", 1800)
+        self.url = settings["url"]
+        self.health_timeout = settings["health_timeout"]
         self.client = JsonClient(
             self.url,
             self.concurrency,
-            settings.get("request_timeout", 3600),
-            RetryPolicy.from_config(settings.get("retry", {})),
+            settings["request_timeout"],
+            RetryPolicy.from_config(settings["retry"]),
         )
         self._slots = {
             self.short.name: asyncio.Semaphore(self.short.concurrency),
@@ -115,9 +115,9 @@ class SGLangBackend:
             "sampling_params": {
                 # The server's default is 128: always send it.
                 "max_new_tokens": tier.max_tokens,
-                "temperature": self.sampling.get("temperature", 0.0),
-                "top_p": self.sampling.get("top_p", 1.0),
-                "top_k": self.sampling.get("top_k", 0) or -1,
+                "temperature": self.sampling["temperature"],
+                "top_p": self.sampling["top_p"],
+                "top_k": self.sampling["top_k"] or -1,
                 "stop_token_ids": [self.specials.end_of_turn_id],
                 "skip_special_tokens": False,
                 "no_stop_trim": True,

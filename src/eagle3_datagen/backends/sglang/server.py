@@ -18,8 +18,6 @@ from eagle3_datagen.backends.node_service import Service, healthy, process_group
 
 log = logging.getLogger(__name__)
 
-DEFAULT_URL = "http://localhost:8000"
-
 
 def wait_healthy(
     url: str, timeout: float, alive: Callable[[], bool] | None = None, log_path: str | Path | None = None
@@ -44,6 +42,7 @@ def wait_healthy(
 def server_command(model_path: str | Path, url: str, launch: dict) -> list[str]:
     parsed = urlparse(url)
     return [
+        # no default in the schema: this interpreter's (the job's env's) SGLang
         *launch.get("command", [sys.executable, "-m", "sglang.launch_server"]),
         "--model-path",
         str(model_path),
@@ -51,8 +50,8 @@ def server_command(model_path: str | Path, url: str, launch: dict) -> list[str]:
         parsed.hostname or "127.0.0.1",
         "--port",
         str(parsed.port or 8000),
-        *launch.get("args", []),
-        *launch.get("run_args", []),
+        *launch.get("args", []),  # absent: no flags (a schema default would change the params of configs without it)
+        *launch["run_args"],
     ]
 
 
@@ -74,9 +73,9 @@ def launched_server(model_path: str | Path, url: str, launch: dict, log_path: st
     try:
         with (
             open(log_path, "ab") as server_log,
-            process_group(command, server_log, launch.get("stop_timeout", 60)) as process,
+            process_group(command, server_log, launch["stop_timeout"]) as process,
         ):
-            wait_healthy(url, launch.get("health_timeout", 1800), lambda: process.poll() is None, log_path)
+            wait_healthy(url, launch["health_timeout"], lambda: process.poll() is None, log_path)
             yield process
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -93,8 +92,8 @@ def server_service(model_path: str | Path, url: str, launch: dict, log_path: str
         command=command,
         log=str(log_path),
         health_url=url,
-        ready_timeout=launch.get("health_timeout", 1800),
-        idle_timeout=launch.get("idle_timeout", 120),
-        stop_timeout=launch.get("stop_timeout", 60),
+        ready_timeout=launch["health_timeout"],
+        idle_timeout=launch["idle_timeout"],
+        stop_timeout=launch["stop_timeout"],
         gpus=gpus,
     )

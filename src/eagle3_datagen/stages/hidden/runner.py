@@ -51,26 +51,26 @@ def runner_service(settings: dict, threads: int, script: str | Path) -> Service:
     hidden = settings["hidden_states"]
     loads = {
         "model": settings["model"]["path"],
-        "trust_remote_code": settings["model"].get("trust_remote_code", False),
+        "trust_remote_code": settings["model"]["trust_remote_code"],
         **{k: hidden[k] for k in LOAD_KEYS if k in hidden},
         "threads": threads,
     }
     args = [str(script), "--settings", json.dumps(settings, sort_keys=True), "--threads", str(threads)]
-    if hidden.get("backend", "hf") == "sglang":
+    if hidden["backend"] == "sglang":
         gpus = settings["tensor_parallel"]
         command = ["torchrun", "--standalone", "--nproc-per-node", str(gpus), *args]
         loads["tensor_parallel"] = gpus
     else:
-        gpus = settings["tensor_parallel"] if (hidden.get("hf") or {}).get("device") == "cuda" else 0
+        gpus = settings["tensor_parallel"] if hidden["hf"]["device"] == "cuda" else 0
         command = [sys.executable, *args]
-    runner = hidden.get("runner") or {}
+    runner = hidden["runner"]
     return Service(
         name="capture runner",
         key=json.dumps(loads, sort_keys=True),
         command=command,
         log=LOG,
-        ready_timeout=runner.get("load_timeout", 3600),
-        idle_timeout=runner.get("idle_timeout", 120),
+        ready_timeout=runner["load_timeout"],
+        idle_timeout=runner["idle_timeout"],
         gpus=gpus,
     )
 
@@ -78,22 +78,21 @@ def runner_service(settings: dict, threads: int, script: str | Path) -> Service:
 def load_capture(settings: dict) -> CaptureBackend:
     """The configured backend's model, loaded for capture (under torchrun for `sglang`: this rank's slice)."""
     hidden, model = settings["hidden_states"], settings["model"]
-    trust_remote_code = model.get("trust_remote_code", False)
-    if hidden.get("backend", "hf") == "sglang":
+    trust_remote_code = model["trust_remote_code"]
+    if hidden["backend"] == "sglang":
         from eagle3_datagen.backends.sglang.capture import load_sglang_capture
 
         return load_sglang_capture(
             model["path"],
             hidden["aux_layers"],
-            hidden.get("final", "raw"),
-            hidden.get("sglang", {}),
+            hidden["final"],
+            hidden["sglang"],
             trust_remote_code,
             hidden["max_batch_tokens"],
         )
     from eagle3_datagen.backends.hf.capture import HFCapture
 
-    final = hidden.get("final", "raw")
-    return HFCapture(model["path"], hidden["aux_layers"], final, hidden.get("hf", {}), trust_remote_code)
+    return HFCapture(model["path"], hidden["aux_layers"], hidden["final"], hidden["hf"], trust_remote_code)
 
 
 # The runner's side

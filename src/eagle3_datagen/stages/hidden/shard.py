@@ -129,7 +129,7 @@ def _finish(plan: _ShardPlan, samples: list[dict], out_dir: Path, index_parts: l
     # nor the checksum files a resumed run reads (index.json records the checksums).
     for leftover in set(plan.work.iterdir()) - set(plan.paths):
         leftover.unlink()
-    limit = settings.get("max_nonfinite_fraction", 0.0)
+    limit = settings["max_nonfinite_fraction"]
     if samples and len(nonfinite) / len(samples) > limit:
         raise FloatingPointError(
             f"{len(nonfinite)} of {len(samples)} samples have NaN/Inf hidden states (first: {nonfinite[:5]}), "

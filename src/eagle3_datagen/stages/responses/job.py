@@ -63,14 +63,14 @@ def _api_backend(settings: dict):
 
 def _server(settings: dict, server_log: str | None, provenance: dict):
     """The node's shared SGLang server when the config launches one (every shard job on the node uses it)."""
-    sglang = settings.get("sglang") or {}
-    if settings["backend"] != "sglang" or not sglang.get("launch"):
+    if settings["backend"] != "sglang" or "launch" not in settings["sglang"]:
         return contextlib.nullcontext()
     from eagle3_datagen.backends.node_service import using
-    from eagle3_datagen.backends.sglang.server import DEFAULT_URL, server_service
+    from eagle3_datagen.backends.sglang.server import server_service
 
-    url, model_path = sglang.get("url", DEFAULT_URL), settings["model"]["path"]
+    sglang = settings["sglang"]
+    url, model_path = sglang["url"], settings["model"]["path"]
     launch, server_log = sglang["launch"], server_log or "sglang-server.log"
-    service = server_service(model_path, url, launch, server_log, settings.get("gpus", 0))
+    service = server_service(model_path, url, launch, server_log, settings["gpus"])
     provenance["server_command"] = service.command
     return using(service)

@@ -42,17 +42,20 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TokenSettings:
-    thinking: str = "keep_last"
-    prefer_ids: str = "server"  # "server" | "text"
-    keep_truncated: bool = False
-    max_length: int = 32768
-    length_policy: str = "truncate"  # "truncate" | "drop"
-    max_semantic_mismatch_rate: float = 0.01
-    audit_examples: int = 5
+    """The `tokens` settings (schemas/config.schema.yaml says each one's meaning and default)."""
+
+    thinking: str
+    prefer_ids: str  # "server" | "text"
+    keep_truncated: bool
+    max_length: int
+    length_policy: str  # "truncate" | "drop"
+    max_semantic_mismatch_rate: float
+    audit_examples: int
 
     @classmethod
     def from_config(cls, section: dict) -> TokenSettings:
-        return cls(**{k: v for k, v in section.items() if k in cls.__dataclass_fields__})
+        """From the validated config's `tokens` section, where validation filled every default."""
+        return cls(**{name: section[name] for name in cls.__dataclass_fields__})
 
 
 class TokenBuilder:
@@ -178,9 +181,9 @@ def make_builder(model_path: str | Path, model_settings: dict, settings: TokenSe
     """The builder for a model directory. A slow tokenizer beside a `tiktoken.model` (Kimi's
     remote-code `TikTokenTokenizer`) keeps rendering, and a fast tokenizer built from the same
     files encodes, checked against the model's own on every text."""
-    tokenizer = load_tokenizer(model_path, model_settings.get("trust_remote_code", False))
-    template_kwargs = model_settings.get("chat_template_kwargs") or {}
-    specials = resolve_special_tokens(tokenizer, model_settings.get("special_tokens"), template_kwargs)
+    tokenizer = load_tokenizer(model_path, model_settings["trust_remote_code"])
+    template_kwargs = model_settings["chat_template_kwargs"]
+    specials = resolve_special_tokens(tokenizer, model_settings["special_tokens"], template_kwargs)
     encoder = reference = None
     if not tokenizer.is_fast and (Path(model_path) / "tiktoken.model").exists():
         encoder, reference = fast_tokenizer_from_tiktoken(model_path), tokenizer
