@@ -22,6 +22,7 @@ from eagle3_datagen.stages.tokens import build_samples
 from .conftest import defaults, probe_settings, tiny_qwen3, token_settings
 
 THINKING_OFF = defaults("model", chat_template_kwargs={"enable_thinking": False})
+THINKING_ON = defaults("model", chat_template_kwargs={"enable_thinking": True})
 HIDDEN = fill_defaults({"dtype": "float32", "shard_bytes": 1 << 20, "max_batch_tokens": 256}, "hidden_states")
 
 
@@ -118,13 +119,13 @@ def test_wrong_final_layer_fails(tmp_path, random_model_dir, greedy_rows):
 def test_swapped_chat_template_fails(tmp_path, random_model_dir, greedy_rows):
     # Generated with thinking off; tokens rebuilt as if thinking were on: the model's context
     # lacks the closed think block it saw.
-    samples = samples_for(greedy_rows, random_model_dir, {"chat_template_kwargs": {"enable_thinking": True}})
+    samples = samples_for(greedy_rows, random_model_dir, THINKING_ON)
     with pytest.raises(ProbeFailure, match="first 4 response positions"):
         probe(tmp_path, shard(tmp_path, "swapped", samples, random_model_dir), random_model_dir)
 
 
 def test_text_rebuilt_data_is_judged_on_log_probability(tmp_path, random_model_dir, greedy_rows):
-    samples = samples_for(greedy_rows, random_model_dir, {"chat_template_kwargs": {"enable_thinking": True}})
+    samples = samples_for(greedy_rows, random_model_dir, THINKING_ON)
     result = probe(tmp_path, shard(tmp_path, "text", samples, random_model_dir), random_model_dir, greedy_exact=False)
     assert result["greedy_exact"] is False
     assert result["verdict"] in ("ok", "warn")
