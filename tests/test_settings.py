@@ -36,6 +36,34 @@ def test_every_schema_key_says_its_kind_there():
     assert {k: node["x-kind"] for k, node in KEYS.items()} == wf.KINDS
 
 
+SHIPPED = ["config.yaml", "config/tiny-kimi.yaml", "config/kimi-k2.5-sglang.yaml", "config/kimi-k2.5-openrouter.yaml"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_validated_config_holds_every_default_and_fill_alone_gives_the_same(name):
+    """What the Snakefile does (Snakemake's validate, then fill_defaults) leaves no default out: every
+    key with a schema default is in each object the config has, partitions and backends' retry included,
+    and fill_defaults alone (scripts/plan.py) gives the same config."""
+    from snakemake.utils import validate
+
+    raw = yaml.safe_load((REPO / name).read_text())
+    config = copy.deepcopy(raw)
+    validate(config, str(config_schema.SCHEMA_PATH))
+    assert "retry" not in config["inference"]["sglang"]  # validate does not look through a $ref
+    config_schema.fill_defaults(config)
+    assert config_schema.fill_defaults(copy.deepcopy(raw)) == config
+    retry = {"max_attempts": 8, "initial_backoff": 1.0, "max_backoff": 60.0, "max_retry_after": 600.0}
+    assert config["inference"]["sglang"]["retry"] == retry
+    for key, node in KEYS.items():
+        if "default" not in node:
+            continue
+        *parents, last = key.split(".")
+        sections = [config]
+        for part in parents:
+            sections = [v for s in sections for v in (s.values() if part == "*" else [s.get(part)]) if v is not None]
+        assert all(last in section for section in sections), f"{name}: {key} not filled"
+
+
 def test_params_carry_no_run_only_setting_and_the_job_gets_both():
     config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
     config["inference"]["token_budget"] = 10**9
