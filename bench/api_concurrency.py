@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from eagle3_datagen.backends.openrouter import OpenRouterBackend
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import write_jsonl_zst
 from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
 
@@ -72,14 +73,17 @@ def one_run(n: int, concurrency: int, latency: float, faults: dict) -> dict:
             ]
             write_jsonl_zst(prompts, rows)
             backend = OpenRouterBackend(
-                {"max_new_tokens": 64},
-                {
-                    "base_url": f"http://127.0.0.1:{port}",
-                    "model": "m",
-                    "api_key_env": KEY_ENV,
-                    "concurrency": concurrency,
-                    "retry": {"initial_backoff": 0.2, "max_backoff": 2},
-                },
+                fill_defaults({"max_new_tokens": 64}, "inference.sampling"),
+                fill_defaults(
+                    {
+                        "base_url": f"http://127.0.0.1:{port}",
+                        "model": "m",
+                        "api_key_env": KEY_ENV,
+                        "concurrency": concurrency,
+                        "retry": {"initial_backoff": 0.2, "max_backoff": 2},
+                    },
+                    "inference.openrouter",
+                ),
             )
             cpu0 = time.process_time()
             start = time.perf_counter()

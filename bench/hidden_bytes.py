@@ -24,6 +24,7 @@ import zstandard
 
 from eagle3_datagen.backends.batching import pad_batch, plan_batches
 from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.stages.hidden.shard import capture_shard
 
@@ -57,7 +58,7 @@ def main() -> None:
     p.add_argument("--model", help="model directory (default: config.yaml's model.path, the demo's)")
     args = p.parse_args()
     torch.set_num_threads(2)
-    config = yaml.safe_load(Path("config.yaml").read_text())
+    config = fill_defaults(yaml.safe_load(Path("config.yaml").read_text()))
     model_path = args.model or config["model"]["path"]
     settings = {**config["hidden_states"], "shard_bytes": 64 << 20}
     pool = [

@@ -33,6 +33,7 @@ from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
 
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.chat.template import render_generation_prompt, render_ids
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.datasets import normalize, recorded_conversations
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.hidden.shard import capture_shard
@@ -101,7 +102,7 @@ def tiny_deepseek_v3(path: Path, vocab_size: int) -> Path:
 def greedy_samples(model_dir: Path, prompts: list[list[int]], new_tokens: int, batch: int = 16) -> list[dict]:
     """Each prompt with the model's greedy continuation up to its end-of-turn token or `new_tokens`
     (left-padded batches), loss-masked on the continuation."""
-    lm = HFCapture(model_dir, "auto", "normed", {"dtype": "float32"}).lm
+    lm = HFCapture(model_dir, "auto", "normed", {"dtype": "float32", "device": "cpu"}).lm
     eos = lm.generation_config.eos_token_id
     samples = []
     for start in range(0, len(prompts), batch):
@@ -121,7 +122,7 @@ def greedy_samples(model_dir: Path, prompts: list[list[int]], new_tokens: int, b
 
 
 def captured(model_dir: Path, samples: list[dict], outliers: bool = False) -> Replay:
-    capture = HFCapture(model_dir, "auto", "normed", {"dtype": "float32"})
+    capture = HFCapture(model_dir, "auto", "normed", {"dtype": "float32", "device": "cpu"})
     states = {}
     for sample in samples:
         aux, final = capture([sample["input_ids"]])[0]
@@ -150,7 +151,8 @@ def worst_layer_error(shard: HiddenShard, replay: Replay, samples: list[dict]) -
 def run_setting(setting: dict, replay: Replay, samples: list[dict], head: LMHead, work: Path) -> dict:
     """Bytes and speed of a shard without reference rows; the probe on a second copy that keeps
     `PROBED` bf16 reference rows (fp8 only)."""
-    settings = {"shard_bytes": 64 << 20, "max_batch_tokens": 1 << 20, "reference_positions": 0, **setting}
+    sweep = {"shard_bytes": 64 << 20, "max_batch_tokens": 1 << 20, "reference_positions": 0, **setting}
+    settings = fill_defaults(sweep, "hidden_states")
     out = work / "_".join(setting.values())
     tokens = sum(len(s["input_ids"]) for s in samples)
     bf16_bytes = tokens * ((len(replay.aux_layers) + 1) * replay.hidden_size * 2 + 5)
@@ -166,7 +168,7 @@ def run_setting(setting: dict, replay: Replay, samples: list[dict], head: LMHead
     if shard.codec.fp8:
         probed = work / f"{out.name}_reference"
         capture_shard(samples, probed, replay, {**settings, "reference_positions": PROBED})
-    probe = probe_shard(probed, head, ProbeSettings(max_positions=PROBED))
+    probe = probe_shard(probed, head, ProbeSettings.from_config(fill_defaults({"max_positions": PROBED}, "probe")))
     cost = probe["storage_cost"]
     error, cosine = worst_layer_error(shard, replay, samples)
     return {

@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.probe import LMHead, ProbeSettings, probe_shard
@@ -31,9 +32,9 @@ def main() -> None:
     p.add_argument("--model", help="model directory (default: config.yaml's model.path, the demo's)")
     args = p.parse_args()
     torch.set_num_threads(2)
-    config = yaml.safe_load(Path("config.yaml").read_text())
+    config = fill_defaults(yaml.safe_load(Path("config.yaml").read_text()))
     model_path = args.model or config["model"]["path"]
-    settings = ProbeSettings.from_config(config.get("probe") or {})
+    settings = ProbeSettings.from_config(config["probe"])
     shards = sorted(Path(args.results).glob("*/tokens/*.jsonl.zst"))
     hidden_times, probe_times, positions = [], [], 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -43,7 +44,7 @@ def main() -> None:
                 out = Path(tmp) / f"{repeat}-{n}"
                 start = time.perf_counter()
                 hidden = config["hidden_states"]
-                capture = HFCapture(model_path, hidden["aux_layers"], hidden.get("final", "raw"), hidden.get("hf", {}))
+                capture = HFCapture(model_path, hidden["aux_layers"], hidden["final"], hidden["hf"])
                 capture_shard(read_jsonl(tokens), out, capture, hidden)
                 hidden_s += time.perf_counter() - start
                 start = time.perf_counter()

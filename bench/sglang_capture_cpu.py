@@ -25,6 +25,7 @@ from eagle3_datagen.backends.sglang.capture import (
     SGLangModelRunner,
     server_flags,
 )
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.diagnostics.gpu_check import random_batch, write_check_model
 
 
@@ -36,18 +37,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         model = write_check_model(Path(work) / "model")
         start = time.perf_counter()
-        settings = {
-            "dtype": "float32",
-            "mem_fraction_static": 0.05,
-            "server_args": {"max_total_tokens": 4 * args.max_batch_tokens},
-        }
+        settings = fill_defaults(
+            {
+                "dtype": "float32",
+                "mem_fraction_static": 0.05,
+                "server_args": {"max_total_tokens": 4 * args.max_batch_tokens},
+            },
+            "hidden_states.sglang",
+        )
         runner = SGLangModelRunner([*server_flags(model, settings, False, args.max_batch_tokens, 1), *CPU_SERVER_FLAGS])
         load_s = time.perf_counter() - start
         batch = random_batch(runner.hf_config.vocab_size, args.samples, lo=64, hi=512)
         tokens = sum(map(len, batch))
         captures = {
             "sglang": SGLangCapture(runner, "auto", "normed", ranks=SingleProcess()),
-            "hf": HFCapture(model, "auto", "normed", {"dtype": "float32"}),
+            "hf": HFCapture(model, "auto", "normed", {"dtype": "float32", "device": "cpu"}),
         }
         result = {"tokens": tokens, "sglang_load_s": round(load_s, 1)}
         for name, capture in captures.items():

@@ -146,7 +146,7 @@ def test_gpu_checks_generate_comparison_agrees_with_the_server(server, served_mo
 
     url, _ = server
     result = generate_agreement(
-        url, served_model_dir, [[9707, 11, 1879], [40, 1079, 264, 3460, 13]], 5, {"dtype": "float32"}
+        url, served_model_dir, [[9707, 11, 1879], [40, 1079, 264, 3460, 13]], 5, {"dtype": "float32", "device": "cpu"}
     )
     assert (result.prompts, result.exact, result.first_token, result.ok) == (2, 2, 2, True)
     assert result.row().endswith("ok")

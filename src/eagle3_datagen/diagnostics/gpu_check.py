@@ -189,6 +189,7 @@ def run_gpu_check(
         server_flags,
     )
     from eagle3_datagen.backends.sglang.server import launched_server
+    from eagle3_datagen.config_schema import fill_defaults
 
     rank, local_rank = join_torchrun(device)
     ranks = TensorParallelRanks()
@@ -202,6 +203,7 @@ def run_gpu_check(
             "mem_fraction_static": 0.05,
             "server_args": {"max_total_tokens": 4 * max_batch_tokens},
         }
+    settings = fill_defaults(settings, "hidden_states.sglang")
     flags = server_flags(model_dir, settings, False, max_batch_tokens, dist.get_world_size())
     runner = SGLangModelRunner([*flags, *(CPU_SERVER_FLAGS if device == "cpu" else ())], rank=rank, gpu_id=local_rank)
     batch = random_batch(runner.hf_config.vocab_size, samples, hi=min(512, max_batch_tokens))
@@ -224,7 +226,8 @@ def run_gpu_check(
     if url:
         prompts = [ids[:64] for ids in batch[:8]]
         if launch_args is not None:
-            with launched_server(model_dir, url, {"args": list(launch_args)}, Path(work_dir) / "server.log"):
+            launch = fill_defaults({"args": list(launch_args)}, "inference.sglang.launch")
+            with launched_server(model_dir, url, launch, Path(work_dir) / "server.log"):
                 generated = generate_agreement(url, model_dir, prompts, new_tokens, hf_settings)
         else:
             generated = generate_agreement(url, model_dir, prompts, new_tokens, hf_settings)
