@@ -8,6 +8,10 @@ from eagle3_datagen.workflow import cluster_fit, preflight
 from eagle3_datagen.workflow import settings as wf
 
 PARTITIONS = sorted(config["partitions"])
+# Every rule's command ends so: the script logs to the rule's log, and when it fails, the log's last line
+# (the script's one-line `error: ...`, or a bug's exception) is also on the console, beside Snakemake's
+# "Error in rule".
+LOGGED = " > {log} 2>&1 || {{ status=$?; tail -n 1 {log} >&2; exit $status; }}"
 # Outputs that combine partitions carry the set in params, so a config that adds, drops or
 # renames a partition reruns them (Snakemake's params trigger) instead of reporting up to date.
 PARTITION_SET = wf.as_json(PARTITIONS)

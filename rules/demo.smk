@@ -18,4 +18,4 @@ if "demo" in config:
             partitions=wf.as_json(wf.demo_fit_partitions(config)),
         shell:
             "python scripts/build_demo_model.py --partitions {params.partitions:q} --out {output} "
-            "--settings {params.settings:q} --threads {threads} > {log} 2>&1"
+            "--settings {params.settings:q} --threads {threads}" + LOGGED

@@ -19,4 +19,4 @@ rule export:
         vocab=VOCAB_OPTIONS,
     shell:
         "python scripts/export.py --format {wildcards.format} --hidden {input.hidden} "
-        "--model {params.model:q} {params.vocab} --out {output} > {log} 2>&1"
+        "--model {params.model:q} {params.vocab} --out {output}" + LOGGED

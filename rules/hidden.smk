@@ -19,4 +19,4 @@ rule hidden_states:
         settings=HIDDEN_SETTINGS,
     shell:
         "python scripts/hidden_states.py --tokens {input.tokens} --out {output} "
-        "--settings {params.settings:q} --threads {threads} > {log} 2>&1"
+        "--settings {params.settings:q} --threads {threads}" + LOGGED

@@ -16,4 +16,4 @@ rule probe:
     shell:
         "python scripts/probe.py --hidden {input.hidden} --partition {wildcards.partition} "
         "--out {output} --settings {params.settings:q} "
-        "--threads {threads} > {log} 2>&1"
+        "--threads {threads}" + LOGGED

@@ -30,8 +30,9 @@ for partition in PARTITIONS:
         shell:
             (
                 "python scripts/prompts.py --source {input.source} --earlier {input.earlier} "
-                "--out {output.shards} --stats {output.stats} --settings {params.settings:q} > {log} 2>&1"
+                "--out {output.shards} --stats {output.stats} --settings {params.settings:q}"
+                + LOGGED
                 if earlier_shards
                 else "python scripts/prompts.py --source {input} --out {output.shards} "
-                "--stats {output.stats} --settings {params.settings:q} > {log} 2>&1"
+                "--stats {output.stats} --settings {params.settings:q}" + LOGGED
             )

@@ -13,7 +13,7 @@ rule partition_summary:
         "python scripts/report.py --partition {wildcards.partition} "
         "--prompt-stats {input.prompt_stats} --response-stats {input.response_stats} "
         "--audits {input.audits} --hidden {input.hidden} --probes {input.probes} "
-        "--out {output} > {log} 2>&1"
+        "--out {output}" + LOGGED
 
 
 rule summary:
@@ -39,4 +39,4 @@ rule summary:
         shard_counts=wf.as_json([[p, len(get_prompt_outputs(p))] for p in PARTITIONS]),
     shell:
         "python scripts/report.py --combine {input.summaries} --prompt-shards {input.prompt_shards} "
-        "--shard-counts {params.shard_counts:q} --out {output} > {log} 2>&1"
+        "--shard-counts {params.shard_counts:q} --out {output}" + LOGGED

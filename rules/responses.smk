@@ -28,7 +28,7 @@ rule responses:
     shell:
         "python scripts/responses.py --prompts {input.prompts} --out {output.responses} "
         "--stats {output.stats} --server-log {params.server_log} --settings {params.settings:q} "
-        "--threads {threads} > {log} 2>&1"
+        "--threads {threads}" + LOGGED
 
 
 use rule responses as responses_sglang_server with:

@@ -16,4 +16,5 @@ rule tokens:
         settings=TOKEN_SETTINGS,
     shell:
         "python scripts/tokens.py --responses {input.responses} --out {output.tokens} "
-        "--audit {output.audit} --settings {params.settings:q} --threads {threads} > {log} 2>&1"
+        "--audit {output.audit} --settings {params.settings:q} --threads {threads}"
+        + LOGGED

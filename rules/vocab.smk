@@ -16,4 +16,4 @@ rule vocab_mapping:
         model=get_model_path,
     shell:
         "python scripts/vocab_mapping.py --tokens {input.tokens} --model {params.model} "
-        "--draft-vocab-size {params.draft_vocab_size} --out {output} > {log} 2>&1"
+        "--draft-vocab-size {params.draft_vocab_size} --out {output}" + LOGGED

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from eagle3_datagen.cli import run_snakemake
+from eagle3_datagen import cli
 
 
 def main() -> None:
@@ -26,8 +26,8 @@ def main() -> None:
     common = ["--profile", args.profile] + (["--configfile", args.configfile] if args.configfile else [])
     config = yaml.safe_load(Path(args.configfile or "config.yaml").read_text())
     prompt_rules = [f"prompts_{name}" for name in config["partitions"]]
-    run_snakemake([*common, "--until", *prompt_rules, "--cores", "2", "--quiet", "all"])
-    dry_run = run_snakemake([*common, "-n"])
+    cli.run_snakemake([*common, "--until", *prompt_rules, "--cores", "2", "--quiet", "all"])
+    dry_run = cli.run_snakemake([*common, "-n"])
     # Only counting tokens needs the tokenizer (transformers, torch): --help and Snakemake's calls do not.
     from eagle3_datagen.reporting.plan import format_plan, make_plan, scheduled_jobs, scheduled_partitions
 
@@ -39,4 +39,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)
