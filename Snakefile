@@ -1,4 +1,7 @@
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
+
+from eagle3_datagen.workflow.config_errors import describe
 
 min_version("9.0")
 
@@ -9,7 +12,17 @@ if not config:
     configfile: "config.yaml"
 
 
-validate(config, schema="schemas/config.schema.yaml")
+# A config error in a few lines (key, value, what is allowed), not Snakemake's dump of the schema.
+try:
+    validate(config, schema="schemas/config.schema.yaml")
+except WorkflowError:
+    raise WorkflowError(
+        describe(
+            config,
+            f"{workflow.basedir}/schemas/config.schema.yaml",
+            workflow.overwrite_configfiles or ["config.yaml"],
+        )
+    ) from None
 
 
 report: "report/workflow.rst"

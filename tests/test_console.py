@@ -58,3 +58,27 @@ def test_a_user_error_is_one_line_and_exit_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1].startswith(f"error: {tmp_path / 'missing.jsonl'}: ")
     assert "Traceback" not in proc.stderr
+
+
+def test_a_misspelled_key_is_named_in_a_few_lines_with_the_nearest_key(workflow):
+    """Snakemake's own message for this config is 1,310 lines (the schema, whole)."""
+    config = demo_config(workflow, "typo.yaml", lambda c: c.update(partitons=c.pop("partitions")))
+    proc = snakemake(["-n", "--configfile", config], workflow, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and len(out.splitlines()) < 40
+    assert "- the top level: 'partitons' was unexpected: did you mean 'partitions'? Allowed: demo, export," in out
+    assert "- the top level: 'partitions' is a required property" in out
+    assert "rule " not in proc.stdout
+
+
+def test_a_wrong_value_names_its_key_and_what_is_allowed_but_never_echoes_a_secret(workflow):
+    def edit(config):
+        config["partitions"]["demo_alpaca"]["format"] = "vicuna"
+        config["inference"]["openrouter"] = {"model": "m", "api_key_env": "sk-or-v1-secret"}
+
+    proc = snakemake(["-n", "--configfile", demo_config(workflow, "values.yaml", edit)], workflow, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and len(out.splitlines()) < 40
+    assert "- partitions.demo_alpaca.format: 'vicuna' is not one of ['sharegpt'," in out
+    assert "- inference.openrouter.api_key_env: the value given does not match '^[A-Z_][A-Z0-9_]*$'" in out
+    assert "sk-or-v1-secret" not in out
