@@ -17,10 +17,15 @@ from eagle3_datagen.formats.checksums import ChecksumError
 from eagle3_datagen.formats.files import InputError
 from eagle3_datagen.workflow.settings import RUN_SETTINGS_ENV, merged
 
+
+class SnakemakeFailed(RuntimeError):
+    """A Snakemake run that a script started failed; the message says why."""
+
+
 # Errors whose message tells the user what to fix: bad input, a missing file or key, a model server
 # that is not there. A script adds its stage's own (a failed check, a stopped budget, a chat template
 # that does not fit) where it calls `run`: importing them here would import every stage.
-USER_ERRORS = (InputError, ChecksumError, FileNotFoundError, MissingApiKey, ServerError, StopRun)
+USER_ERRORS = (InputError, ChecksumError, FileNotFoundError, MissingApiKey, ServerError, StopRun, SnakemakeFailed)
 USER_ERROR_EXIT = 2
 
 
@@ -95,5 +100,13 @@ def run_snakemake(args: list[str], retry_when: str | None = None, attempts: int 
             break
         time.sleep(1)
     if proc.returncode != 0:
-        sys.exit(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        reasons = failure_reasons(proc.stdout + "\n" + proc.stderr)
+        raise SnakemakeFailed("\n".join([f"snakemake {' '.join(args)} failed: {reasons[0]}", *reasons[1:]]))
     return proc.stdout
+
+
+def failure_reasons(output: str) -> list[str]:
+    """What a failed Snakemake run says went wrong: each failed job's reason (the `error:` line the rules
+    print), else its last lines (a config or preflight error)."""
+    errors = [line.removeprefix("error: ") for line in output.splitlines() if line.startswith("error: ")]
+    return errors or [line for line in output.strip().splitlines()[-15:] if line.strip()] or ["no output"]

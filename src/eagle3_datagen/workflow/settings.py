@@ -143,6 +143,7 @@ KINDS: dict[str, str] = {
             "plan.throughput.prefill_tokens_per_s",
             "plan.model.num_layers",
             "plan.model.hidden_size",
+            "plan.tokenizer",
             "plan.load_seconds.generation_server",
             "plan.load_seconds.capture_runner",
             # the tensor-parallel size of SGLang's server and capture runner
