@@ -500,7 +500,7 @@ def test_snakemake_reads_are_retried_only_for_the_named_failure(monkeypatch):
     assert len(calls) == 2
     calls.clear()
     answers[:] = [(1, "", "MissingInputException")]
-    with pytest.raises(SystemExit, match="MissingInputException"):
+    with pytest.raises(cli.SnakemakeFailed, match="MissingInputException"):
         cli.run_snakemake(["--summary"], retry_when="a concurrent process has deleted it")
     assert len(calls) == 1
 
