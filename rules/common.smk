@@ -8,10 +8,6 @@ from eagle3_datagen.workflow import cluster_fit, preflight
 from eagle3_datagen.workflow import settings as wf
 
 PARTITIONS = sorted(config["partitions"])
-# Every rule's command ends so: the script logs to the rule's log, and when it fails, the log's last line
-# (the script's one-line `error: ...`, or a bug's exception) is also on the console, beside Snakemake's
-# "Error in rule".
-LOGGED = " > {log} 2>&1 || {{ status=$?; tail -n 1 {log} >&2; exit $status; }}"
 # Outputs that combine partitions carry the set in params, so a config that adds, drops or
 # renames a partition reruns them (Snakemake's params trigger) instead of reporting up to date.
 PARTITION_SET = wf.as_json(PARTITIONS)
@@ -54,6 +50,14 @@ if workflow.output_settings.dryrun:
 wildcard_constraints:
     partition="|".join(PARTITIONS) if PARTITIONS else "NO_PARTITION",
     shard=r"\d{5}",
+
+
+def logged(command):
+    """Every rule's `command`, its output going to the rule's log; when it fails, the log's last line (the
+    script's one-line `error: ...`, or a bug's exception) is also printed on the console, beside
+    Snakemake's "Error in rule"."""
+    on_failure = "|| {{ status=$?; tail -n 1 {log} >&2; exit $status; }}"
+    return " ".join([command, "> {log} 2>&1", on_failure])
 
 
 def get_final_output():

@@ -26,9 +26,11 @@ rule responses:
         settings=get_response_settings,
         server_log=SERVER_LOG,
     shell:
-        "python scripts/responses.py --prompts {input.prompts} --out {output.responses} "
-        "--stats {output.stats} --server-log {params.server_log} --settings {params.settings:q} "
-        "--threads {threads}" + LOGGED
+        logged(
+            "python scripts/responses.py --prompts {input.prompts} --out {output.responses} "
+            "--stats {output.stats} --server-log {params.server_log} --settings {params.settings:q} "
+            "--threads {threads}"
+        )
 
 
 use rule responses as responses_sglang_server with:
