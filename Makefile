@@ -6,9 +6,13 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Cache compiled bytecode: every job imports torch and transformers afresh.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install sglang-env speculators-env specforge-env slurm-packages check-envs demo tiny-kimi test test-main test-apart test-fast lint clean
+# `make help` lists the targets: the `##` comment on each target's line.
+.PHONY: help install sglang-env speculators-env specforge-env slurm-packages check-envs demo tiny-kimi test test-main test-apart test-fast lint clean
 
-install: $(VENV)/.installed
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /\1\t/' | expand -t 16
+
+install: $(VENV)/.installed ## create .venv (pinned, with uv) and install the package into it
 
 $(VENV)/.installed: envs/requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,9 +28,9 @@ $(VENV)/.installed: envs/requirements.txt pyproject.toml
 SGLANG_VENV := .venv-sglang
 SPECULATORS_VENV := .venv-speculators
 SPECFORGE_VENV := .venv-specforge
-sglang-env: $(SGLANG_VENV)/.installed
-speculators-env: $(SPECULATORS_VENV)/.installed
-specforge-env: $(SPECFORGE_VENV)/.installed
+sglang-env: $(SGLANG_VENV)/.installed ## SGLang 0.5.23 on the CPU torch in .venv-sglang
+speculators-env: $(SPECULATORS_VENV)/.installed ## vLLM speculators 0.9.0 in .venv-speculators
+specforge-env: $(SPECFORGE_VENV)/.installed ## SpecForge 0.2.0 in .venv-specforge
 
 .venv-%/.installed: envs/%-cpu.txt pyproject.toml | install
 	python3 -m venv $(@D)
@@ -36,22 +40,22 @@ specforge-env: $(SPECFORGE_VENV)/.installed
 	touch $@
 
 # envs/sglang.yaml's pip pins resolve together (package metadata only: nothing is installed).
-check-envs: install
+check-envs: install ## resolve envs/sglang.yaml's pins (nothing installed)
 	$(PY) -c "import yaml; deps = yaml.safe_load(open('envs/sglang.yaml'))['dependencies']; \
 	print('\n'.join(p for d in deps if isinstance(d, dict) for p in d['pip'] if not p.startswith('-e')))" > .sglang-yaml.txt
 	$(VENV)/bin/uv pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_34 \
 		.sglang-yaml.txt -o /dev/null; status=$$?; rm -f .sglang-yaml.txt; exit $$status
 
-demo: install
+demo: install ## the whole workflow on the embedded CPU demo
 	snakemake --profile profiles/local
 
-tiny-kimi: install
+tiny-kimi: install ## the whole workflow on CPU with Kimi-K2.5's architecture and tokenizer
 	snakemake --profile local --configfile config/tiny-kimi.yaml
 
 # tests/test_slurm.py's single-node cluster: Debian's SLURM, its accounting daemon on a private MariaDB,
 # munge. Installed with apt as root; elsewhere `make test` stops here, before any test, saying why.
 SLURM_DAEMONS := slurmctld slurmd slurmdbd munged mariadbd
-slurm-packages:
+slurm-packages: ## install the SLURM test cluster's Debian packages (as root)
 	@missing=$$(for d in $(SLURM_DAEMONS); do PATH="$$PATH:/usr/sbin" command -v $$d >/dev/null || echo $$d; done); \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
@@ -62,7 +66,7 @@ slurm-packages:
 # Every tier but the end-to-end runs, the SLURM cluster, SGLang and the trainers: under 5 minutes. Two
 # workers: the node-service and runner tests spend much of their time waiting on other processes.
 FAST := not e2e and not slurm and not sglang and not trainers
-test-fast: install
+test-fast: install ## every tier but e2e, SLURM, SGLang and trainers (under 5 minutes)
 	pytest -q -n 2 -m "$(FAST)" --durations=25
 
 # Two runs side by side: the main suite (one pytest process, many single-threaded tests) leaves one of
@@ -71,25 +75,25 @@ test-fast: install
 # test cluster is taken by one run at a time (tests/slurm). Each run's output is printed when it ends.
 # With more torch threads than cores, OpenMP's idle threads sleep instead of spinning (results unchanged).
 TEST_TMP := $(or $(TMPDIR),/tmp)/eagle3-datagen-make-test
-test: slurm-packages install sglang-env speculators-env specforge-env
+test: slurm-packages install sglang-env speculators-env specforge-env ## every test tier, as CI does
 	OMP_WAIT_POLICY=PASSIVE $(MAKE) --no-print-directory -j2 --output-sync=target test-main test-apart
 
-test-main: install
+test-main: install ## the main suite (part of make test)
 	mkdir -p $(TEST_TMP)/main
 	TMPDIR=$(TEST_TMP)/main pytest -q --durations=25
 
 # Each trainer's and SGLang's tests run under their own venv, with their releases' own pins.
 RUN_APART := -m pytest -q -o addopts=-ra --durations=25
-test-apart: sglang-env speculators-env specforge-env
+test-apart: sglang-env speculators-env specforge-env ## the SGLang and trainer tiers in their venvs (part of make test)
 	mkdir -p $(TEST_TMP)/apart
 	TMPDIR=$(TEST_TMP)/apart $(SGLANG_VENV)/bin/python $(RUN_APART) tests/real_sglang
 	TMPDIR=$(TEST_TMP)/apart $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
 	TMPDIR=$(TEST_TMP)/apart $(SPECFORGE_VENV)/bin/python $(RUN_APART) tests/trainers/test_specforge.py
 
-lint: install
+lint: install ## ruff, snakefmt and snakemake --lint
 	ruff check src scripts tests
 	snakefmt --check Snakefile rules
 	snakemake --lint
 
-clean:
+clean: ## remove results, logs, benchmarks and .snakemake
 	rm -rf results logs benchmarks .snakemake

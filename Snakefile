@@ -1,6 +1,8 @@
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from eagle3_datagen.config_schema import fill_defaults
+from eagle3_datagen.workflow.config_errors import describe
 
 min_version("9.0")
 
@@ -11,7 +13,17 @@ if not config:
     configfile: "config.yaml"
 
 
-validate(config, schema="schemas/config.schema.yaml")
+# A config error in a few lines (key, value, what is allowed), not Snakemake's dump of the schema.
+try:
+    validate(config, schema="schemas/config.schema.yaml")
+except WorkflowError:
+    raise WorkflowError(
+        describe(
+            config,
+            f"{workflow.basedir}/schemas/config.schema.yaml",
+            workflow.overwrite_configfiles or ["config.yaml"],
+        )
+    ) from None
 # Every setting a stage reads is now in config: validate fills defaults but those behind a $ref.
 fill_defaults(config)
 

@@ -1,8 +1,10 @@
 import os
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
+from snakemake.settings.types import DeploymentMethod
 
-from eagle3_datagen.workflow import cluster_fit
+from eagle3_datagen.workflow import cluster_fit, preflight
 from eagle3_datagen.workflow import settings as wf
 
 PARTITIONS = sorted(config["partitions"])
@@ -27,9 +29,35 @@ if CONFIG_PROBLEMS:
     raise WorkflowError("\n".join(CONFIG_PROBLEMS))
 
 
+# With --sdm conda, the jobs that run SGLang get envs/sglang.yaml.
+SGLANG_DEPLOYED = (
+    DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+)
+
+
+# A dry-run calls no onstart: it prints preflight's problems as warnings here, for every job the
+# config's workflow has (a real run checks the jobs it will run, in onstart, and stops).
+if workflow.output_settings.dryrun:
+    preflight.raise_or_warn(
+        preflight.problems(
+            config, preflight.config_jobs(config), os.environ, SGLANG_DEPLOYED
+        ),
+        dry_run=True,
+        warn=logger.warning,
+    )
+
+
 wildcard_constraints:
     partition="|".join(PARTITIONS) if PARTITIONS else "NO_PARTITION",
     shard=r"\d{5}",
+
+
+def logged(command):
+    """Every rule's `command`, its output going to the rule's log; when it fails, the log's last line (the
+    script's one-line `error: ...`, or a bug's exception) is also printed on the console, beside
+    Snakemake's "Error in rule"."""
+    on_failure = "|| {{ status=$?; tail -n 1 {log} >&2; exit $status; }}"
+    return " ".join([command, "> {log} 2>&1", on_failure])
 
 
 def get_final_output():
@@ -137,6 +165,22 @@ def get_partition_stage_files(wildcards):
     }
 
 
+def run_preflight():
+    """What would fail one of the jobs this run will run stops the run here, before its first job."""
+    if workflow.touch:  # --touch runs no job: it only marks outputs up to date
+        return
+    jobs = [
+        preflight.Job(job.rule.name, job.wildcards_dict.get("partition"))
+        for job in workflow.dag.needrun_jobs()
+    ]
+    preflight.raise_or_warn(
+        preflight.problems(config, jobs, os.environ, SGLANG_DEPLOYED),
+        dry_run=False,
+        warn=logger.warning,
+        error_type=WorkflowError,
+    )
+
+
 def check_slurm_requests():
     """A request no node can meet fails here, before any sbatch, instead of pending forever."""
     if workflow.executor_plugin and workflow.executor_plugin.name == "slurm":
@@ -178,6 +222,7 @@ def stop_node_service():
 
 
 onstart:
+    run_preflight()
     check_slurm_requests()
 
 

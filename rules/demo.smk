@@ -18,5 +18,7 @@ if "demo" in config:
             settings=wf.as_json(config["demo"]),
             partitions=wf.as_json(wf.demo_fit_partitions(config)),
         shell:
-            "python scripts/build_demo_model.py --partitions {params.partitions:q} --out {output} "
-            "--settings {params.settings:q} --threads {threads} > {log} 2>&1"
+            logged(
+                "python scripts/build_demo_model.py --partitions {params.partitions:q} --out {output} "
+                "--settings {params.settings:q} --threads {threads}"
+            )

@@ -18,5 +18,7 @@ rule export:
         model=get_model_path,
         vocab=VOCAB_OPTIONS,
     shell:
-        "python scripts/export.py --format {wildcards.format} --hidden {input.hidden} "
-        "--model {params.model:q} {params.vocab} --out {output} > {log} 2>&1"
+        logged(
+            "python scripts/export.py --format {wildcards.format} --hidden {input.hidden} "
+            "--model {params.model:q} {params.vocab} --out {output}"
+        )

@@ -18,5 +18,7 @@ rule hidden_states:
     params:
         settings=HIDDEN_SETTINGS,
     shell:
-        "python scripts/hidden_states.py --tokens {input.tokens} --out {output} "
-        "--settings {params.settings:q} --threads {threads} > {log} 2>&1"
+        logged(
+            "python scripts/hidden_states.py --tokens {input.tokens} --out {output} "
+            "--settings {params.settings:q} --threads {threads}"
+        )

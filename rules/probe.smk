@@ -14,6 +14,8 @@ rule probe:
     params:
         settings=get_probe_settings,
     shell:
-        "python scripts/probe.py --hidden {input.hidden} --partition {wildcards.partition} "
-        "--out {output} --settings {params.settings:q} "
-        "--threads {threads} > {log} 2>&1"
+        logged(
+            "python scripts/probe.py --hidden {input.hidden} --partition {wildcards.partition} "
+            "--out {output} --settings {params.settings:q} "
+            "--threads {threads}"
+        )

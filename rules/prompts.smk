@@ -29,9 +29,13 @@ for partition in PARTITIONS:
             settings=wf.as_json(wf.prompt_settings(config, partition)),
         shell:
             (
-                "python scripts/prompts.py --source {input.source} --earlier {input.earlier} "
-                "--out {output.shards} --stats {output.stats} --settings {params.settings:q} > {log} 2>&1"
+                logged(
+                    "python scripts/prompts.py --source {input.source} --earlier {input.earlier} "
+                    "--out {output.shards} --stats {output.stats} --settings {params.settings:q}"
+                )
                 if earlier_shards
-                else "python scripts/prompts.py --source {input} --out {output.shards} "
-                "--stats {output.stats} --settings {params.settings:q} > {log} 2>&1"
+                else logged(
+                    "python scripts/prompts.py --source {input} --out {output.shards} "
+                    "--stats {output.stats} --settings {params.settings:q}"
+                )
             )

@@ -10,10 +10,12 @@ rule partition_summary:
     conda:
         "../envs/cpu.yaml"
     shell:
-        "python scripts/report.py --partition {wildcards.partition} "
-        "--prompt-stats {input.prompt_stats} --response-stats {input.response_stats} "
-        "--audits {input.audits} --hidden {input.hidden} --probes {input.probes} "
-        "--out {output} > {log} 2>&1"
+        logged(
+            "python scripts/report.py --partition {wildcards.partition} "
+            "--prompt-stats {input.prompt_stats} --response-stats {input.response_stats} "
+            "--audits {input.audits} --hidden {input.hidden} --probes {input.probes} "
+            "--out {output}"
+        )
 
 
 rule summary:
@@ -38,5 +40,7 @@ rule summary:
         # how many of the prompt shards, in order, are each partition's
         shard_counts=wf.as_json([[p, len(get_prompt_outputs(p))] for p in PARTITIONS]),
     shell:
-        "python scripts/report.py --combine {input.summaries} --prompt-shards {input.prompt_shards} "
-        "--shard-counts {params.shard_counts:q} --out {output} > {log} 2>&1"
+        logged(
+            "python scripts/report.py --combine {input.summaries} --prompt-shards {input.prompt_shards} "
+            "--shard-counts {params.shard_counts:q} --out {output}"
+        )

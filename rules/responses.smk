@@ -1,5 +1,5 @@
 # One job per shard, every backend. The shard jobs of partitions that a launched SGLang server
-# answers (responses_sglang_server) share one server per node (backends/sglang/shared.py): it is
+# answers (responses_sglang_server) share one server per node (backends/node_service.py): it is
 # no job's input or output, so adding a partition or a shard reschedules no finished shard.
 rule responses:
     input:
@@ -26,9 +26,11 @@ rule responses:
         settings=get_response_settings,
         server_log=SERVER_LOG,
     shell:
-        "python scripts/responses.py --prompts {input.prompts} --out {output.responses} "
-        "--stats {output.stats} --server-log {params.server_log} --settings {params.settings:q} "
-        "--threads {threads} > {log} 2>&1"
+        logged(
+            "python scripts/responses.py --prompts {input.prompts} --out {output.responses} "
+            "--stats {output.stats} --server-log {params.server_log} --settings {params.settings:q} "
+            "--threads {threads}"
+        )
 
 
 use rule responses as responses_sglang_server with:

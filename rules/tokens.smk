@@ -15,5 +15,7 @@ rule tokens:
     params:
         settings=TOKEN_SETTINGS,
     shell:
-        "python scripts/tokens.py --responses {input.responses} --out {output.tokens} "
-        "--audit {output.audit} --settings {params.settings:q} --threads {threads} > {log} 2>&1"
+        logged(
+            "python scripts/tokens.py --responses {input.responses} --out {output.tokens} "
+            "--audit {output.audit} --settings {params.settings:q} --threads {threads}"
+        )

@@ -16,5 +16,7 @@ rule vocab_mapping:
         draft_vocab_size=config.get("vocab_mapping", {}).get("draft_vocab_size"),
         model=get_model_path,
     shell:
-        "python scripts/vocab_mapping.py --tokens {input.tokens} --model {params.model} "
-        "--draft-vocab-size {params.draft_vocab_size} --out {output} > {log} 2>&1"
+        logged(
+            "python scripts/vocab_mapping.py --tokens {input.tokens} --model {params.model} "
+            "--draft-vocab-size {params.draft_vocab_size} --out {output}"
+        )

@@ -4,6 +4,7 @@
 import argparse
 import logging
 
+from eagle3_datagen import cli
 from eagle3_datagen.stages.export import FORMATS, export
 
 
@@ -29,4 +30,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -16,6 +16,7 @@ import logging
 import sys
 import tempfile
 
+from eagle3_datagen import cli
 from eagle3_datagen.diagnostics.gpu_check import run_gpu_check
 
 GPU_LAUNCH_ARGS = ["--mem-fraction-static", "0.3", "--disable-radix-cache"]
@@ -55,4 +56,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -5,12 +5,9 @@ The forward passes run in the node's capture runner (scripts/capture_runner.py),
 hidden-state job on the node starts and the later ones reuse: the model loads once per node and run.
 """
 
-import logging
-import sys
 from pathlib import Path
 
 from eagle3_datagen import cli
-from eagle3_datagen.backends.base import ServerError
 from eagle3_datagen.stages.hidden.runner import CaptureFailed, capture_with_runner
 
 RUNNER = Path(__file__).resolve().with_name("capture_runner.py")
@@ -22,12 +19,8 @@ def main() -> None:
     p.add_argument("--out", required=True, help="shard directory to create")
     args = p.parse_args()
     cli.setup(args, "hidden_states", torch_threads=False)  # the runner computes, with --threads
-    try:
-        capture_with_runner(args.tokens, args.out, args.settings, args.threads, RUNNER)
-    except (CaptureFailed, ServerError) as e:
-        logging.getLogger("hidden_states").error("%s", e)
-        sys.exit(1)
+    capture_with_runner(args.tokens, args.out, args.settings, args.threads, RUNNER)
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, (CaptureFailed,))

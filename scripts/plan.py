@@ -3,9 +3,11 @@
 prompts, prompt and completion tokens, OpenRouter cost, GPU hours and hidden-state bytes, and how
 many times each model loads in the planned run and what that costs.
 
-It first builds the prompt shards (cheap, CPU only) so that prompts can be counted and
-tokenized, then reads Snakemake's dry-run to see which partitions are invalidated.
-Run from the workflow directory, with the same --configfile and --profile as the run.
+It first builds the prompt shards (cheap, CPU only) so that prompts can be counted and tokenized
+with the model's tokenizer (a demo's before its model is built; plan.tokenizer's where the model is
+not mounted), then reads Snakemake's dry-run to see which partitions are invalidated. The plan is
+also written to results/plan.json, whose hidden-state bytes a run checks against the free disk
+before its first job. Run from the workflow directory, with the same --configfile and --profile as the run.
 """
 
 import argparse
@@ -14,8 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from eagle3_datagen.cli import run_snakemake
+from eagle3_datagen import cli
 from eagle3_datagen.config_schema import fill_defaults
+from eagle3_datagen.formats.files import write_json
+from eagle3_datagen.workflow.preflight import PLAN_FILE
 
 
 def main() -> None:
@@ -28,8 +32,8 @@ def main() -> None:
     # the dry-runs below validate it; the plan reads the defaults the workflow fills
     config = fill_defaults(yaml.safe_load(Path(args.configfile or "config.yaml").read_text()))
     prompt_rules = [f"prompts_{name}" for name in config["partitions"]]
-    run_snakemake([*common, "--until", *prompt_rules, "--cores", "2", "--quiet", "all"])
-    dry_run = run_snakemake([*common, "-n"])
+    cli.run_snakemake([*common, "--until", *prompt_rules, "--cores", "2", "--quiet", "all"])
+    dry_run = cli.run_snakemake([*common, "-n"])
     # Only counting tokens needs the tokenizer (transformers, torch): --help and Snakemake's calls do not.
     from eagle3_datagen.reporting.plan import format_plan, make_plan, scheduled_jobs, scheduled_partitions
 
@@ -37,8 +41,9 @@ def main() -> None:
     # A cluster executor runs each job (or group job) in an allocation of its own: a node service loads in each.
     executor = (yaml.safe_load((Path(args.profile) / "config.yaml").read_text()) or {}).get("executor", "local")
     plan = make_plan(config, sorted(scheduled_partitions(jobs)), jobs=jobs, per_allocation=executor != "local")
+    write_json(PLAN_FILE, plan)
     print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

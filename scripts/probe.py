@@ -2,7 +2,7 @@
 """Probe one hidden-state shard with the target model's own LM head (top-1 agreement, log-probs)."""
 
 from eagle3_datagen import cli
-from eagle3_datagen.stages.probe import ProbeSettings, run_probe
+from eagle3_datagen.stages.probe import ProbeFailure, ProbeSettings, run_probe
 
 
 def main() -> None:
@@ -26,4 +26,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, (ProbeFailure,))

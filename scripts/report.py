@@ -4,6 +4,7 @@
 import argparse
 import json
 
+from eagle3_datagen import cli
 from eagle3_datagen.formats.files import atomic_path, read_json
 from eagle3_datagen.reporting.report import shared_prompts, summary_html, write_partition_summary
 
@@ -43,4 +44,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -5,9 +5,6 @@ Several --prompts/--out/--stats triples are answered in turn. With a launched SG
 job uses the node's shared server (started by the first shard job on the node, stopped when idle).
 """
 
-import logging
-import sys
-
 from eagle3_datagen import cli
 from eagle3_datagen.stages.responses.job import JobError, run_response_job
 
@@ -22,13 +19,9 @@ def main() -> None:
     cli.setup(args, "responses")
     if not len(args.prompts) == len(args.out) == len(args.stats):
         p.error("--prompts, --out and --stats need one path per shard each")
-    try:
-        shards = list(zip(args.prompts, args.out, args.stats, strict=True))
-        run_response_job(shards, args.settings, args.server_log, args.run_settings)
-    except JobError as e:
-        logging.getLogger("responses").error("%s", e)
-        sys.exit(1)
+    shards = list(zip(args.prompts, args.out, args.stats, strict=True))
+    run_response_job(shards, args.settings, args.server_log, args.run_settings)
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, (JobError,))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from eagle3_datagen.cli import run_snakemake
+from eagle3_datagen import cli
 from eagle3_datagen.reporting.status import (
     format_states,
     incomplete_outputs,
@@ -30,7 +30,7 @@ def main() -> None:
     if args.configfile:
         command += ["--configfile", args.configfile]
     # A run going on beside it may replace an output while --summary reads it: read again.
-    summary = run_snakemake(command, retry_when="a concurrent process has deleted it")
+    summary = cli.run_snakemake(command, retry_when="a concurrent process has deleted it")
     config = yaml.safe_load(Path(args.configfile or "config.yaml").read_text())
     locked = is_locked(".")
     states = partition_states(
@@ -40,4 +40,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

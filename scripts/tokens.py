@@ -2,7 +2,9 @@
 """Rebuild input_ids + loss mask for one response shard and audit them against server IDs."""
 
 from eagle3_datagen import cli
+from eagle3_datagen.chat.template import TemplateError
 from eagle3_datagen.stages.tokens import TokenSettings, run_tokens
+from eagle3_datagen.stages.tokens.audit import AuditFailure
 
 
 def main() -> None:
@@ -18,4 +20,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, (TemplateError, AuditFailure))

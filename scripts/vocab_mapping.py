@@ -4,6 +4,8 @@
 import argparse
 import logging
 
+from eagle3_datagen import cli
+from eagle3_datagen.chat.template import TemplateError
 from eagle3_datagen.stages.vocab import run_vocab
 
 
@@ -20,4 +22,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, (TemplateError,))

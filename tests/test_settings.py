@@ -212,6 +212,7 @@ def coverage_config(hidden_backend: str) -> dict:
     config["plan"] = {
         "throughput": {"generate_tokens_per_s": 8000, "prefill_tokens_per_s": 40000},
         "model": {"num_layers": 8, "hidden_size": 64},
+        "tokenizer": "resources/kimi-k2.5",
         "load_seconds": {"generation_server": 600, "capture_runner": 600},
     }
     config["resources"] = {

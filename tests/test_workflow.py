@@ -369,8 +369,14 @@ def test_shipped_configs_pass_the_schema(name):
     [
         (lambda c: c["partitions"]["B1_glaive"].update(shards="two"), "'two' is not of type 'integer'"),
         (lambda c: c["partitions"]["B1_glaive"].update(format="vicuna"), "'vicuna' is not one of"),
-        (lambda c: c["inference"]["openrouter"].update(api_key="sk-secret"), "'api_key' is not one of"),
-        (lambda c: c["hidden_states"].update(shard_byte=10), "'shard_byte' was unexpected"),
+        (
+            lambda c: c["inference"]["openrouter"].update(api_key="sk-secret"),
+            "'api_key' was unexpected: did you mean 'api_key_env'?",
+        ),
+        (
+            lambda c: c["hidden_states"].update(shard_byte=10),
+            "hidden_states: 'shard_byte' was unexpected: did you mean 'shard_bytes'?",
+        ),
     ],
 )
 def test_bad_config_fails_before_any_job_naming_the_key(production_dir, tmp_path, edit, message):
@@ -494,7 +500,7 @@ def test_snakemake_reads_are_retried_only_for_the_named_failure(monkeypatch):
     assert len(calls) == 2
     calls.clear()
     answers[:] = [(1, "", "MissingInputException")]
-    with pytest.raises(SystemExit, match="MissingInputException"):
+    with pytest.raises(cli.SnakemakeFailed, match="MissingInputException"):
         cli.run_snakemake(["--summary"], retry_when="a concurrent process has deleted it")
     assert len(calls) == 1
 

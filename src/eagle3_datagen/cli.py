@@ -9,9 +9,40 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from eagle3_datagen.backends.base import MissingApiKey, ServerError, StopRun
+from eagle3_datagen.formats.checksums import ChecksumError
+from eagle3_datagen.formats.files import InputError
 from eagle3_datagen.workflow.settings import RUN_SETTINGS_ENV, merged
+
+
+class SnakemakeFailed(RuntimeError):
+    """A Snakemake run that a script started failed; the message says why."""
+
+
+# Errors whose message tells the user what to fix: bad input, a missing file or key, a model server
+# that is not there. A script adds its stage's own (a failed check, a stopped budget, a chat template
+# that does not fit) where it calls `run`: importing them here would import every stage.
+USER_ERRORS = (InputError, ChecksumError, FileNotFoundError, MissingApiKey, ServerError, StopRun, SnakemakeFailed)
+USER_ERROR_EXIT = 2
+
+
+def run(main: Callable[[], None], user_errors: tuple[type[BaseException], ...] = ()) -> None:
+    """Every script's entry point: a user error ends the script with one line, `error: MESSAGE`, last on
+    stderr (the rule's log, whose last line the workflow also prints on the console), and exit status 2,
+    never a traceback; anything else is a bug and keeps its traceback. A message of several lines (a
+    server log's tail) is written whole first, then its first line as the `error:` line."""
+    try:
+        main()
+    except (*USER_ERRORS, *user_errors) as e:
+        message = str(e).strip() or type(e).__name__
+        first = message.splitlines()[0]
+        if first != message:
+            print(message, file=sys.stderr)
+        print(f"error: {first}", file=sys.stderr, flush=True)
+        sys.exit(USER_ERROR_EXIT)
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -69,5 +100,13 @@ def run_snakemake(args: list[str], retry_when: str | None = None, attempts: int 
             break
         time.sleep(1)
     if proc.returncode != 0:
-        sys.exit(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        reasons = failure_reasons(proc.stdout + "\n" + proc.stderr)
+        raise SnakemakeFailed("\n".join([f"snakemake {' '.join(args)} failed: {reasons[0]}", *reasons[1:]]))
     return proc.stdout
+
+
+def failure_reasons(output: str) -> list[str]:
+    """What a failed Snakemake run says went wrong: each failed job's reason (the `error:` line the rules
+    print), else its last lines (a config or preflight error)."""
+    errors = [line.removeprefix("error: ") for line in output.splitlines() if line.startswith("error: ")]
+    return errors or [line for line in output.strip().splitlines()[-15:] if line.strip()] or ["no output"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,14 +32,29 @@ class InputError(ValueError):
         self.line = line
 
 
+def _create_beside(path: Path, make) -> Path:
+    """A new hidden name beside `path`, made with `make(name)`. Unlike tempfile's mkstemp (0600) and
+    mkdtemp (0700), the caller's modes (0666 for files, 0777 for directories) apply, less the umask:
+    outputs are as readable as any other file the user makes, e.g. by the group on a shared cluster."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            make(tmp)
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def _create_file(path: Path) -> None:
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it to `path` on success."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path = _create_beside(path, _create_file)
     try:
         yield tmp_path
         os.replace(tmp_path, path)
@@ -51,8 +66,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary directory beside `path`; rename it to `path` on success."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = _create_beside(path, os.mkdir)
     try:
         yield tmp
         if path.exists():

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
+from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import iter_jsonl, read_json
 from eagle3_datagen.formats.hidden_codec import Codec
@@ -124,15 +125,49 @@ class PartitionPlan:
 
 
 def _model_shape(config: dict) -> tuple[int, int]:
-    """(layers, hidden size) from the model directory's config.json, else from `plan.model`."""
+    """(layers, hidden size) from the model directory's config.json, else from `plan.model` (or the
+    settings of a demo's model that is not built yet)."""
     path = Path(config["model"]["path"]) / "config.json"
     if path.exists():
         model = text_config(config["model"]["path"])
         return model["num_hidden_layers"], model["hidden_size"]
-    shape = config["plan"].get("model")  # no default: the model directory's config.json says it
+    # no default: the model directory's config.json says it, or the demo's own settings
+    shape = config["plan"].get("model") or config.get("demo")
     if not shape:
         raise FileNotFoundError(f"{path} is missing: give plan.model.num_layers and plan.model.hidden_size instead")
     return shape["num_layers"], shape["hidden_size"]
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def plan_tokenizer(config: dict):
+    """The model's tokenizer, from model.path, else from `plan.tokenizer` (where the model directory is not
+    on this machine): a directory a tokenizer loads from, or Kimi's tokenizer files (a tiktoken.model,
+    read as a fast tokenizer with the same IDs, since Moonshot's remote code is not there)."""
+    model = config["model"]
+    trust = model["trust_remote_code"]
+    if _has_tokenizer(model["path"]):
+        return load_tokenizer(model["path"], trust)
+    if "demo" in config:  # the workflow builds the model; its tokenizer is known before
+        from eagle3_datagen.targets.demo import demo_tokenizer
+
+        return demo_tokenizer(config["demo"])
+    directory = config["plan"]["tokenizer"]
+    if directory and (Path(directory) / "tokenizer.json").is_file():
+        return load_tokenizer(directory, trust)
+    if directory and (Path(directory) / "tiktoken.model").is_file():
+        return fast_tokenizer_from_tiktoken(directory)
+    raise FileNotFoundError(
+        f"model.path {model['path']} holds no tokenizer"
+        + (f", nor does plan.tokenizer {directory}" if directory else "")
+        + ", and the plan counts prompt tokens with it: mount the model there, or set plan.tokenizer to a "
+        "directory with its tokenizer files and chat template"
+    )
+
+
+def _has_tokenizer(directory: str) -> bool:
+    return any((Path(directory) / name).is_file() for name in TOKENIZER_FILES)
 
 
 def _observed_completion_per_turn(partition: str, results: Path) -> float | None:
@@ -223,7 +258,7 @@ def make_plan(
     """`jobs`: the dry-run's, to count model loads (none counted without them); `per_allocation`: the
     run submits its jobs to a cluster (each job or group job is an allocation of its own)."""
     results = Path(results)
-    tokenizer = load_tokenizer(config["model"]["path"], config["model"]["trust_remote_code"])
+    tokenizer = plan_tokenizer(config)
     rows = [plan_partition(config, p, tokenizer, results) for p in sorted(partitions)]
     total = {
         key: sum(getattr(r, key) for r in rows)

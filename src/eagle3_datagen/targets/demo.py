@@ -101,6 +101,16 @@ def qwen3_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+def demo_tokenizer(settings: dict) -> PreTrainedTokenizerFast:
+    """The tokenizer a demo's model directory gets, before the model is built: Qwen3's, or for the tiny
+    Kimi (`architecture: deepseek_v3`) the one built from its `tokenizer` files."""
+    if settings.get("architecture", "qwen3") == "deepseek_v3":
+        from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
+
+        return fast_tokenizer_from_tiktoken(settings["tokenizer"])
+    return qwen3_tokenizer()
+
+
 def tiny_qwen3_config(vocab_size: int, settings: dict) -> Qwen3Config:
     return Qwen3Config(
         vocab_size=vocab_size,

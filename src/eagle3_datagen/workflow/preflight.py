@@ -1,0 +1,196 @@
+"""Preflight: what would fail a scheduled job later, found before the first job runs.
+
+`rules/common.smk` calls `problems` twice: in `onstart`, where Snakemake has built the DAG and a
+real run stops on any problem before its first job (only the jobs it will run count: an OpenRouter
+key is needed only while OpenRouter responses are scheduled); and at parse time in a dry-run
+(`snakemake -n`, which calls no `onstart`), where each problem is printed as a warning, so that a
+preview on a laptop without the key or the model still works. The dry-run does not know which jobs
+are up to date, so it counts every job the config's workflow has.
+
+Each problem is one line naming the setting, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle3_datagen.workflow.settings import inference_backend, served_by_launched_server
+
+# Rules whose jobs read nothing of the model: the prompts (one rule per partition), the reports, and
+# the demo's model builder (which makes it).
+NO_MODEL_RULES = ("partition_summary", "summary", "build_demo_model")
+RESPONSE_RULES = ("responses", "responses_sglang_server")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# Written by scripts/plan.py; read for the disk check.
+PLAN_FILE = "results/plan.json"
+SGLANG_IMPORTABLE = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job that would run: its rule and, where it has one, its partition."""
+
+    rule: str
+    partition: str | None = None
+
+
+def config_jobs(config: dict) -> list[Job]:
+    """Every job kind the config's workflow has, one per rule and partition: what a dry-run checks."""
+    jobs = []
+    for p in config["partitions"]:
+        responses = "responses_sglang_server" if served_by_launched_server(config, p) else "responses"
+        jobs += [Job(f"prompts_{p}", p), Job(responses, p), Job("tokens", p), Job("hidden_states", p)]
+        jobs += [Job("probe", p), Job("partition_summary", p)]
+    return [*jobs, Job("summary"), *([Job("vocab_mapping")] if "vocab_mapping" in config else [])]
+
+
+def problems(
+    config: dict,
+    jobs: Iterable[Job],
+    environ: Mapping[str, str],
+    sglang_deployed: bool,
+    results: str | Path = "results",
+    plan_file: str | Path = PLAN_FILE,
+) -> list[str]:
+    """One line per thing that would fail one of `jobs` later, with its fix.
+
+    `sglang_deployed`: a deployment method of the run (`--sdm conda`) brings SGLang to the jobs that
+    use it (their env is envs/sglang.yaml); else the job's own `python` must import it.
+    """
+    jobs = list(jobs)
+    found = []
+    openrouter = sorted(
+        {
+            j.partition
+            for j in jobs
+            if j.rule in RESPONSE_RULES and inference_backend(config, j.partition) == "openrouter"
+        }
+    )
+    if openrouter:
+        found += _openrouter_problems(config, openrouter, environ)
+    if "demo" not in config and any(not j.rule.startswith("prompts_") and j.rule not in NO_MODEL_RULES for j in jobs):
+        found += _model_problems(config["model"]["path"])
+    if not sglang_deployed:
+        found += _sglang_problems(config, jobs, environ)
+    found += _disk_problems(jobs, Path(results), Path(plan_file))
+    return found
+
+
+def _openrouter_problems(config: dict, partitions: list[str], environ: Mapping[str, str]) -> list[str]:
+    settings = config["inference"].get("openrouter") or {}
+    named = ", ".join(partitions)
+    found = []
+    variable = settings.get("api_key_env", "OPENROUTER_API_KEY")
+    if not environ.get(variable):
+        found.append(
+            f"${variable} is not set, and the responses of {named} call OpenRouter: export {variable}=<your key> "
+            "before the run (inference.openrouter.api_key_env names another variable; never put the key in a config)"
+        )
+    if not settings.get("model"):
+        found.append(
+            f"inference.openrouter.model is not set, and the responses of {named} call OpenRouter: "
+            "set it to the model's OpenRouter id, e.g. moonshotai/kimi-k2.5"
+        )
+    return found
+
+
+def _model_problems(path: str) -> list[str]:
+    model = Path(path)
+    if not model.is_dir():
+        what = "is not a directory" if model.exists() else "does not exist"
+        return [
+            f"model.path {path} {what}: set model.path to the model's directory (its config.json, tokenizer "
+            "files and weights), or mount it here first"
+        ]
+    missing = [] if (model / "config.json").is_file() else ["config.json"]
+    if not any((model / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(" or ".join(TOKENIZER_FILES))
+    if missing:
+        return [
+            f"model.path {path} has no {' and no '.join(missing)}: point model.path at the complete model "
+            "directory (as the model's hub repository holds it)"
+        ]
+    return []
+
+
+def _sglang_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) -> list[str]:
+    """The launched server and the capture runner import SGLang in the job's `python` (or the interpreter
+    `launch.command` names, or `torchrun`'s); a URL-only server is the user's and needs nothing here."""
+    found = []
+    launch = config["inference"]["sglang"].get("launch") or {}  # no launch: the server is run elsewhere
+    if any(j.rule == "responses_sglang_server" for j in jobs):
+        command = launch.get("command") or ["python"]
+        python = _interpreter(command[0], environ)
+        if python and not _imports_sglang(python, environ):
+            found.append(
+                f"SGLang is not importable by {python}, which inference.sglang.launch runs "
+                "(sglang.launch_server): run with --sdm conda (envs/sglang.yaml), install SGLang there, or set "
+                "inference.sglang.launch.command to an interpreter that has it (e.g. [.venv-sglang/bin/python, -m, "
+                "sglang.launch_server] after make sglang-env)"
+            )
+    if config["hidden_states"]["backend"] == "sglang" and any(j.rule == "hidden_states" for j in jobs):
+        python = _interpreter("torchrun", environ)
+        if python and not _imports_sglang(python, environ):
+            found.append(
+                f"SGLang is not importable by {python}, which runs torchrun for hidden_states.backend: sglang: "
+                "run with --sdm conda (envs/sglang.yaml), or put a torchrun that has SGLang first on PATH "
+                "(e.g. .venv-sglang/bin after make sglang-env)"
+            )
+    return found
+
+
+def _interpreter(program: str, environ: Mapping[str, str]) -> str | None:
+    """The Python interpreter that `program` (found on the job's PATH) runs: itself if it is one, the one
+    its `#!` line names if it is a Python script; None where that cannot be told (a shell wrapper): only
+    a certain problem stops a run."""
+    found = shutil.which(program, path=environ.get("PATH"))
+    if found is None:
+        return program
+    if Path(found).name.startswith("python"):
+        return found
+    with open(found, "rb") as f:
+        first = f.readline(512).decode(errors="replace")
+    shebang = first[2:].strip().split() if first.startswith("#!") else []
+    return shebang[0] if shebang and Path(shebang[0]).name.startswith("python") else None
+
+
+def _imports_sglang(python: str, environ: Mapping[str, str]) -> bool:
+    try:
+        return subprocess.run([python, "-c", SGLANG_IMPORTABLE], env=dict(environ), timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _disk_problems(jobs: list[Job], results: Path, plan_file: Path) -> list[str]:
+    """The hidden-state bytes the last `scripts/plan.py` estimated for the partitions whose hidden states
+    are scheduled, against the free disk under results/ (no plan, no check)."""
+    capturing = {j.partition for j in jobs if j.rule == "hidden_states"}
+    if not capturing or not plan_file.is_file():
+        return []
+    rows = json.loads(plan_file.read_text())["partitions"]
+    needed = sum(row["hidden_bytes"] for row in rows if row["partition"] in capturing)
+    where = results if results.exists() else results.parent
+    free = shutil.disk_usage(where).free
+    if needed <= free:
+        return []
+    return [
+        f"the hidden states of {', '.join(sorted(capturing))} need {needed / 2**30:,.1f} GiB ({plan_file}, written by "
+        f"scripts/plan.py), but {free / 2**30:,.1f} GiB are free under {results}/: free space, store them smaller "
+        "(hidden_states.dtype, compress), or put results/ on a larger disk"
+    ]
+
+
+def raise_or_warn(found: list[str], dry_run: bool, warn, error_type=RuntimeError) -> None:
+    """Stop with every problem (a real run), or print each as a warning (a dry-run)."""
+    if not found:
+        return
+    if dry_run:
+        for line in found:
+            warn(f"preflight: {line}")
+        return
+    raise error_type("Preflight: this run would fail later; nothing has run.\n" + "\n".join(f"- {p}" for p in found))

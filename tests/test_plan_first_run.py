@@ -1,0 +1,73 @@
+"""`python scripts/plan.py` where a user first tries it: a fresh copy of the demo (no model built yet), a
+Kimi example config as shipped on a machine without the model (plan.model and plan.tokenizer), and a
+prompts job that fails inside the plan. Each runs real Snakemake prompts jobs: the e2e tier."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle3_datagen.formats.files import iter_records
+
+from .conftest import REPO, copy_workflow, run
+
+pytestmark = pytest.mark.e2e
+
+# The records of each Kimi example partition's dataset (tests/fixtures/realdata), as its source.
+KIMI_SOURCES = {
+    "glaive-function-calling-v2.json": "glaive_function_calling_v2.jsonl",
+    "magicoder-evol-instruct-110k.jsonl": "magicoder_evol_instruct_110k.jsonl",
+    "magicoder-oss-instruct-75k.jsonl": "magicoder_oss_instruct_75k.jsonl",
+}
+
+
+def plan(work: Path, *args: str, check=True):
+    return run([sys.executable, "scripts/plan.py", *args], work, check=check)
+
+
+def test_the_plan_on_a_fresh_demo_needs_no_built_model(tmp_path):
+    work = copy_workflow(tmp_path / "wf")
+    out = json.loads(plan(work, "--json").stdout)
+    assert not (work / "results/demo/model").exists()
+    assert {row["partition"]: row["prompts"] for row in out["partitions"]} == {
+        "demo_alpaca": 26,
+        "demo_openai": 21,
+        "demo_sharegpt": 24,
+    }
+    # the demo's shape (8 layers: aux 2, 4, 5 and the final, hidden 64, bf16) and Qwen3's tokens
+    assert {row["hidden_basis"].split(" x ")[0] for row in out["partitions"]} == {"bfloat16, 517 B/token"}
+    assert out["total"]["prompt_tokens"] == 2259
+    assert json.loads((work / "results/plan.json").read_text()) == out
+
+
+def test_the_plan_on_a_kimi_config_without_the_model_counts_kimis_tokens(tmp_path):
+    work = copy_workflow(tmp_path / "wf")
+    for name, records in KIMI_SOURCES.items():
+        rows = [record for _, record in iter_records(REPO / "tests/fixtures/realdata" / records)]
+        target = work / "data/raw" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(rows) if name.endswith(".json") else "".join(json.dumps(r) + "\n" for r in rows)
+        target.write_text(text)
+    args = ["--configfile", "config/kimi-k2.5-sglang.yaml", "--profile", "profiles/gpu", "--json"]
+    out = json.loads(plan(work, *args).stdout)
+    rows = {row["partition"]: row for row in out["partitions"]}
+    # the same counts as through the remote-code tokenizer in a model directory (bench/kimi_plan.py)
+    assert {name: row["prompt_tokens"] for name, row in rows.items()} == {
+        "B1_glaive": 320,
+        "B3_magicoder_evol": 159,
+        "B3_magicoder_oss": 251,
+    }
+    assert {row["hidden_basis"].split(" x ")[0] for row in rows.values()} == {"bfloat16, 57349 B/token"}
+
+
+def test_a_prompts_job_that_fails_inside_the_plan_says_why(tmp_path):
+    work = copy_workflow(tmp_path / "wf")
+    (work / "resources/demo/data/sharegpt.jsonl").write_text('{"conversations": []}\n[1]\n')
+    proc = plan(work, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("error: snakemake --profile profiles/local --until prompts_demo_sharegpt")
+    assert last.endswith(
+        "resources/demo/data/sharegpt.jsonl:2: expected a JSON object, got list. Fix: make each line one JSON object"
+    )
