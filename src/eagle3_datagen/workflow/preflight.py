@@ -122,7 +122,7 @@ def _sglang_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) 
     """The launched server and the capture runner import SGLang in the job's `python` (or the interpreter
     `launch.command` names, or `torchrun`'s); a URL-only server is the user's and needs nothing here."""
     found = []
-    launch = config["inference"]["sglang"].get("launch") or {}  # no launch: the server is run elsewhere
+    launch = (config["inference"].get("sglang") or {}).get("launch") or {}
     if any(j.rule == "responses_sglang_server" for j in jobs):
         command = launch.get("command") or ["python"]
         python = _interpreter(command[0], environ)
