@@ -9,12 +9,19 @@ for partition in PARTITIONS:
         for p in wf.earlier_partitions(config, partition)
         for s in get_prompt_outputs(p)
     ]
+    # A file or directory source is the command's --source; a glob's and a hub dataset's `source` is in
+    # the settings (a glob's files are the inputs, a hub dataset's commit is in the settings).
+    source_option = (
+        ""
+        if not wf.source_is_input(config["partitions"][partition]["source"])
+        else "--source {input.source} " if earlier_shards else "--source {input} "
+    )
 
     rule:
         name:
             f"prompts_{partition}"
         input:
-            source=config["partitions"][partition]["source"],
+            source=wf.source_inputs(config, partition),
             earlier=earlier_shards,
         output:
             shards=get_prompt_outputs(partition),
@@ -26,12 +33,11 @@ for partition in PARTITIONS:
         conda:
             "../envs/cpu.yaml"
         params:
-            settings=wf.as_json(wf.prompt_settings(config, partition)),
+            settings=wf.as_json(
+                wf.prompt_settings(config, partition, SOURCE_COMMITS.get(partition))
+            ),
         shell:
-            (
-                "python scripts/prompts.py --source {input.source} --earlier {input.earlier} "
-                "--out {output.shards} --stats {output.stats} --settings {params.settings:q} > {log} 2>&1"
-                if earlier_shards
-                else "python scripts/prompts.py --source {input} --out {output.shards} "
-                "--stats {output.stats} --settings {params.settings:q} > {log} 2>&1"
-            )
+            "python scripts/prompts.py "
+            + source_option
+            + ("--earlier {input.earlier} " if earlier_shards else "")
+            + "--out {output.shards} --stats {output.stats} --settings {params.settings:q} > {log} 2>&1"

@@ -2,22 +2,36 @@
 """Normalize, deduplicate and shard one partition's raw chat data."""
 
 from eagle3_datagen import cli
+from eagle3_datagen.formats.sources import Source
 from eagle3_datagen.stages.prompts import build_prompts
 
 
 def main() -> None:
     p = cli.parser(__doc__)
-    p.add_argument("--source", required=True, help=".jsonl, .jsonl.zst, .json or .parquet file")
+    p.add_argument(
+        "--source",
+        help="a data file (.jsonl, .json, plain or .gz/.bz2/.xz/.zst; .parquet; .arrow) or a directory "
+        "(default: the settings' `source`: a glob or hf:owner/name; docs/sources.md)",
+    )
     p.add_argument("--out", nargs="+", required=True, help="one output path per shard, in shard order")
     p.add_argument("--stats", required=True, help="JSON file for the partition's counts")
     p.add_argument(
         "--earlier", nargs="*", default=[], help="earlier partitions' prompt shards: their prompts are left out"
     )
     args = p.parse_args()
-    cli.setup(args)
+    cli.setup(args, torch_threads=False)
     s = args.settings
+    if not (args.source or s.get("source")):
+        p.error("name the source: --source, or `source` in --settings")
+    source = Source(
+        args.source or s["source"],
+        subset=s.get("subset"),
+        split=s.get("split"),
+        # the commit the workflow resolved the revision to, so the job reads what its params name
+        revision=s.get("commit") or s.get("revision"),
+    )
     build_prompts(
-        args.source,
+        source,
         s["format"],
         args.out,
         args.stats,
@@ -25,6 +39,7 @@ def main() -> None:
         s.get("max_prompts"),
         s.get("max_bad_record_rate", 0.0),
         args.earlier,
+        allow_empty=s.get("allow_empty", False),
     )
 
 

@@ -115,7 +115,7 @@ def _not_utf8(path: Path, line_no: int, line: bytes, exc: UnicodeDecodeError) ->
         found = "UTF-16 (it starts with a UTF-16 byte-order mark)"
         source = "utf-16"
     else:
-        byte = f"0x{line[exc.start]:02x} at byte {exc.start + 1} of the line"
+        byte = f"byte 0x{line[exc.start]:02x} at position {exc.start + 1} of the line"
         found = f"not UTF-8 ({byte}); Latin-1 or Windows-1252 likely"
         source = "latin1"
     name = path.name

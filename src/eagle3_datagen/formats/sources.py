@@ -160,7 +160,13 @@ def _data_files(path: Path, source: Source, name: str) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="e3dg-datasets-") as cache:  # the builder's lock files only
         try:
             builder = load_dataset_builder(str(path), name=source.subset, cache_dir=cache)
-        except (FileNotFoundError, ValueError) as exc:
+        except ValueError as exc:
+            if source.subset is None or f"{source.subset!r} not found" not in str(exc):
+                raise
+            raise InputError(
+                name, None, f"the dataset has no subset {source.subset!r} ({exc})", "set the partition's `subset`"
+            ) from None
+        except FileNotFoundError as exc:
             raise InputError(
                 name,
                 None,
