@@ -1,4 +1,8 @@
-# One rule per partition: the number of shard outputs differs between partitions. With
+# One rule per partition: the number of shard outputs differs between partitions. Snakemake evaluates
+# the command again when the job runs, after this loop, with the loop's last values: what differs
+# between sources comes from the job's own input and params (a glob's files are its input, a hub
+# dataset has none; the script then reads the `source` in the settings), and either command works for
+# every partition. With
 # prompts.shared_across_partitions: drop, a partition also reads the prompt shards of the partitions
 # before it in name order, so a change to one of them reruns the later ones. With `keep` (the default)
 # the rule and its command are the ones a config written before the option gets, so that finished
@@ -9,13 +13,6 @@ for partition in PARTITIONS:
         for p in wf.earlier_partitions(config, partition)
         for s in get_prompt_outputs(p)
     ]
-    # A file or directory source is the command's --source; a glob's and a hub dataset's `source` is in
-    # the settings (a glob's files are the inputs, a hub dataset's commit is in the settings).
-    source_option = (
-        ""
-        if not wf.source_is_input(config["partitions"][partition]["source"])
-        else "--source {input.source} " if earlier_shards else "--source {input} "
-    )
 
     rule:
         name:
@@ -37,7 +34,10 @@ for partition in PARTITIONS:
                 wf.prompt_settings(config, partition, SOURCE_COMMITS.get(partition))
             ),
         shell:
-            "python scripts/prompts.py "
-            + source_option
-            + ("--earlier {input.earlier} " if earlier_shards else "")
-            + "--out {output.shards} --stats {output.stats} --settings {params.settings:q} > {log} 2>&1"
+            (
+                "python scripts/prompts.py --source {input.source} --earlier {input.earlier} "
+                "--out {output.shards} --stats {output.stats} --settings {params.settings:q} > {log} 2>&1"
+                if earlier_shards
+                else "python scripts/prompts.py --source {input} --out {output.shards} "
+                "--stats {output.stats} --settings {params.settings:q} > {log} 2>&1"
+            )

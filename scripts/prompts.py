@@ -10,8 +10,11 @@ def main() -> None:
     p = cli.parser(__doc__)
     p.add_argument(
         "--source",
-        help="a data file (.jsonl, .json, plain or .gz/.bz2/.xz/.zst; .parquet; .arrow) or a directory "
-        "(default: the settings' `source`: a glob or hf:owner/name; docs/sources.md)",
+        nargs="*",
+        default=[],
+        help="a data file (.jsonl, .json, plain or .gz/.bz2/.xz/.zst; .parquet; .arrow) or a directory; the "
+        "settings' `source` (a glob, whose files the workflow passes here, or hf:owner/name) comes first "
+        "(docs/sources.md)",
     )
     p.add_argument("--out", nargs="+", required=True, help="one output path per shard, in shard order")
     p.add_argument("--stats", required=True, help="JSON file for the partition's counts")
@@ -21,10 +24,10 @@ def main() -> None:
     args = p.parse_args()
     cli.setup(args, torch_threads=False)
     s = args.settings
-    if not (args.source or s.get("source")):
-        p.error("name the source: --source, or `source` in --settings")
+    if not s.get("source") and len(args.source) != 1:
+        p.error("name one source: --source PATH, or `source` in --settings")
     source = Source(
-        args.source or s["source"],
+        s.get("source") or args.source[0],
         subset=s.get("subset"),
         split=s.get("split"),
         # the commit the workflow resolved the revision to, so the job reads what its params name
