@@ -312,7 +312,13 @@ def test_the_workflow_checks_sources_and_puts_a_hub_datasets_commit_in_the_promp
     assert "`revision` applies to a hub dataset (hf:owner/name), not to source 'repo'" in problems[1]
     assert "hf download --repo-type dataset owner/gone" in problems[2] and "matches no file" in problems[3]
     assert wf.source_commits(config) == {"hub": commit}
-    assert wf.source_inputs(config, "hub") == [] and wf.source_inputs(config, "dir") == ["repo"]
+    assert wf.source_inputs(config, "hub") == []
+    assert wf.source_inputs(config, "dir") == [
+        "repo/README.md",
+        "repo/data/test-00000-of-00001.parquet",
+        "repo/data/train-00000-of-00002.parquet",
+        "repo/data/train-00001-of-00002.parquet",
+    ]
     assert wf.source_inputs(config, "shards") == [
         "repo/data/train-00000-of-00002.parquet",
         "repo/data/train-00001-of-00002.parquet",
@@ -329,6 +335,7 @@ def test_the_workflow_checks_sources_and_puts_a_hub_datasets_commit_in_the_promp
         "format": "alpaca",
         "system_prompt": None,
         "max_prompts": None,
+        "source": "repo",
         "split": "train",
         "revision": "main",
     }
@@ -359,17 +366,19 @@ def test_the_workflow_reads_a_hub_dataset_reruns_it_for_a_new_commit_only_and_fa
     config["partitions"] = {
         "hub": {"source": "hf:owner/chats", "split": "train", "format": "alpaca", "shards": 2},
         "local": {"source": f"data/{ALPACA}", "format": "alpaca", "shards": 2},
+        "saved": {"source": "data/saved", "format": "alpaca", "shards": 2},
     }
+    as_dataset(ALPACA, tmp_path / "ds-cache").save_to_disk(work / "data" / "saved")
     (work / "c.yaml").write_text(yaml.safe_dump(config))
-    targets = ["results/hub/prompts/stats.json", "results/local/prompts/stats.json"]
+    targets = [f"results/{p}/prompts/stats.json" for p in ("hub", "local", "saved")]
     snakemake([*targets, "-c1", "--configfile", "c.yaml"], work)
-    hub, local = (json.loads((work / t).read_text()) for t in targets)
-    assert hub["commit"] == first and hub["prompts"] == local["prompts"] == 40
+    hub, local, saved = (json.loads((work / t).read_text()) for t in targets)
+    assert hub["commit"] == first and hub["prompts"] == local["prompts"] == saved["prompts"] == 40
     ids = {
         p: sorted(q["id"] for s in ("00000", "00001") for q in read_jsonl(work / f"results/{p}/prompts/{s}.jsonl.zst"))
-        for p in ("hub", "local")
+        for p in ("hub", "local", "saved")
     }
-    assert ids["hub"] == ids["local"]
+    assert ids["hub"] == ids["local"] == ids["saved"]
 
     second = hub_cache(cache, "owner/chats", hub_layout(tmp_path / "v2", [SHAREGPT, ALPACA], tmp_path / "ds-cache"))
     assert second != first

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 
 from eagle3_datagen.formats import sources
@@ -390,17 +391,27 @@ def demo_fit_partitions(config: dict) -> list[dict]:
 
 
 def source_is_input(source: str) -> bool:
-    """A file or a directory is the prompts rule's input; a glob's files are too, but the rule's
-    command gets the pattern, and a hub dataset has no input file."""
-    return not (sources.is_hub(source) or sources.is_glob(source))
+    """A file source is the prompts rule's input and its command's --source; a glob's, a directory's and
+    a hub dataset's `source` is in the rule's settings."""
+    return not (sources.is_hub(source) or sources.is_glob(source) or Path(source).is_dir())
 
 
 def source_inputs(config: dict, partition: str) -> list[str]:
-    """The prompts rule's source inputs: the file or directory, a glob's files, none for a hub dataset."""
+    """The prompts rule's source inputs: the file, a glob's files, every file in a directory (so one
+    rewritten in place reruns the partition, which the directory's own time would not show; hidden
+    ones, such as a download's `.cache/`, left out), none for a hub dataset."""
     source = config["partitions"][partition]["source"]
     if sources.is_hub(source):
         return []
-    return sources.glob_files(source) if sources.is_glob(source) else [source]
+    if sources.is_glob(source):
+        return sources.glob_files(source)
+    if Path(source).is_dir():
+        files = []
+        for root, dirs, names in os.walk(source):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            files += [os.path.join(root, name) for name in names if not name.startswith(".")]
+        return sorted(files)
+    return [source]
 
 
 @functools.cache
