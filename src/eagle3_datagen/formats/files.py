@@ -142,12 +142,12 @@ def iter_jsonl(path: str | os.PathLike, bad=None) -> Iterator[tuple[int, dict]]:
         if not line.strip():
             continue
         try:
-            line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise _not_utf8(path, line_no, line, exc) from None
-        try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
+            try:  # orjson also refuses bytes that are not UTF-8: say so, as no line of the file would read
+                line.decode("utf-8")
+            except UnicodeDecodeError as encoding:
+                raise _not_utf8(path, line_no, line, encoding) from None
             problem = f"malformed JSON ({exc})"
             if bad is None:
                 raise InputError(path, line_no, problem, "make each line one complete JSON object") from None

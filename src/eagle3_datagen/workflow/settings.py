@@ -214,8 +214,9 @@ def prompt_settings(config: dict, partition: str, commit: str | None = None) -> 
     """The prompts rule's settings. Keys at their defaults are left out, so that a config written
     before they existed keeps its params (and its finished prompts are not rescheduled).
 
-    A glob's or a hub dataset's `source` is here, as no single input file names it; a hub dataset's
-    `commit` (its revision resolved from the cache, source_commits) too, so a new one reruns the partition.
+    A glob's, a directory's or a hub dataset's `source` is here, as no single input file names it; a hub
+    dataset's `commit` (its revision resolved from the cache, source_commits) too, so a new one reruns the
+    partition.
     """
     part = config["partitions"][partition]
     settings = {
@@ -225,7 +226,7 @@ def prompt_settings(config: dict, partition: str, commit: str | None = None) -> 
     }
     if part.get("max_bad_record_rate"):
         settings["max_bad_record_rate"] = part["max_bad_record_rate"]
-    if not source_is_input(part["source"]):
+    if part.get("source") is not None and not source_is_input(part["source"]):
         settings["source"] = part["source"]
     settings.update({k: part[k] for k in ("subset", "split", "revision") if part.get(k) is not None})
     if commit:
