@@ -84,14 +84,16 @@ def _system_tools(system: str, dialect: str | None) -> tuple[str, list[dict] | N
 # A turn names its speaker and text as ShareGPT does ({from, value}) or as OpenAI does ({role, content});
 # datasets of either layout use both (ShareGPT `conversations` of {role, content} are common on the hub),
 # so each turn is read by its own keys, and the roles either layout names are known to both.
-TURN_STYLES = (("from", "value", SHAREGPT_TURN_FIELDS), ("role", "content", OPENAI_TURN_FIELDS))
+TURN_STYLES = {"from": ("from", "value", SHAREGPT_TURN_FIELDS), "role": ("role", "content", OPENAI_TURN_FIELDS)}
+OTHER_STYLE = {"from": "role", "role": "from"}
 ROLES = {**SHAREGPT_ROLES, **OPENAI_ROLES}
 
 
 def _turn_style(turn: dict, own: str) -> tuple[str, str, frozenset[str]]:
     """The turn's (speaker key, text key, keys read): the layout's own, unless only the other's is there."""
-    styles = sorted(TURN_STYLES, key=lambda style: style[0] != own)
-    return next((style for style in styles if style[0] in turn), styles[0])
+    if own not in turn and OTHER_STYLE[own] in turn:
+        return TURN_STYLES[OTHER_STYLE[own]]
+    return TURN_STYLES[own]
 
 
 def _turns(record: dict, list_key: str, own_style: str) -> Parsed:
