@@ -97,7 +97,8 @@ def _open_binary(path: Path):
     """The file's decompressed bytes as a stream, by its compression suffix."""
     suffix = path.suffix
     if suffix == ".zst":
-        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True, closefd=True)  # noqa: SIM115
+        raw = open(path, "rb")  # noqa: SIM115 - the reader closes it
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
     if suffix in COMPRESSED:
         return importlib.import_module(COMPRESSED[suffix]).open(path, "rb")
     return open(path, "rb")  # noqa: SIM115 - closed by the caller's `with`
@@ -212,15 +213,16 @@ def _iter_json_array(path: Path, bad) -> Iterator[tuple[int, dict]]:
     with _open_binary(path) as raw:
         data = raw.read()
     try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line_no = data.count(b"\n", 0, exc.start) + 1
-        line = data[data.rfind(b"\n", 0, exc.start) + 1 :].split(b"\n", 1)[0]
-        start = exc.start - (data.rfind(b"\n", 0, exc.start) + 1)
-        raise _not_utf8(path, line_no, line, UnicodeDecodeError("utf-8", line, start, start + 1, exc.reason)) from None
-    try:
         records = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as encoding:  # named by its line, as in a JSON lines file
+            start = data.rfind(b"\n", 0, encoding.start) + 1
+            line = data[start:].split(b"\n", 1)[0]
+            at = encoding.start - start
+            problem = UnicodeDecodeError("utf-8", line, at, at + 1, encoding.reason)
+            raise _not_utf8(path, data.count(b"\n", 0, start) + 1, line, problem) from None
         raise InputError(path, None, f"malformed JSON ({exc})", "the file must be one JSON array") from None
     for index, obj in enumerate(records, start=1):
         if isinstance(obj, dict):
