@@ -1,12 +1,11 @@
-# One rule per partition: the number of shard outputs differs between partitions. Snakemake evaluates
-# the command again when the job runs, after this loop, with the loop's last values: what differs
-# between sources comes from the job's own input and params (a glob's files are its input, a hub
-# dataset has none; the script then reads the `source` in the settings), and either command works for
-# every partition. With
+# One rule per partition: the number of shard outputs differs between partitions. With
 # prompts.shared_across_partitions: drop, a partition also reads the prompt shards of the partitions
 # before it in name order, so a change to one of them reruns the later ones. With `keep` (the default)
 # the rule and its command are the ones a config written before the option gets, so that finished
-# prompts are not rescheduled.
+# prompts are not rescheduled. Snakemake evaluates the command again when the job runs, after this
+# loop, with the loop's last values: what differs between sources comes from the job's own input and
+# params (a glob's and a directory's files are its input, a hub dataset has none; the script then reads
+# the `source` in the settings), and either command works for every partition.
 for partition in PARTITIONS:
     earlier_shards = [
         s
