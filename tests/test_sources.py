@@ -299,6 +299,7 @@ def test_the_workflow_checks_sources_and_puts_a_hub_datasets_commit_in_the_promp
             "none": {"source": "repo/nothing-*.jsonl", "format": "alpaca", "shards": 1},
             "csv": {"source": "repo/README.md", "format": "alpaca", "shards": 1},
             "gone": {"source": "hf:owner/gone", "format": "alpaca", "shards": 1},
+            "id": {"source": "hf:not an id", "format": "alpaca", "shards": 1},
         }
     }
     problems = wf.missing_sources(config, ["c.yaml"])
@@ -306,11 +307,13 @@ def test_the_workflow_checks_sources_and_puts_a_hub_datasets_commit_in_the_promp
         "partition 'csv'",
         "partition 'dir'",
         "partition 'gone'",
+        "partition 'id'",
         "partition 'none'",
     ]
     assert "is of no type the prompts stage reads" in problems[0]
     assert "`revision` applies to a hub dataset (hf:owner/name), not to source 'repo'" in problems[1]
-    assert "hf download --repo-type dataset owner/gone" in problems[2] and "matches no file" in problems[3]
+    assert "hf download --repo-type dataset owner/gone" in problems[2] and "matches no file" in problems[4]
+    assert "hf:not an id: not a dataset id (Repo id must use" in problems[3] and "Fix: use hf:owner/name" in problems[3]
     assert wf.source_commits(config) == {"hub": commit}
     assert wf.source_inputs(config, "hub") == []
     assert wf.source_inputs(config, "dir") == [

@@ -69,18 +69,21 @@ def hub_commit(repo: str, revision: str | None = None) -> str:
     """The commit `revision` (default: main) names: from the local cache's refs, else, with a network,
     from the hub. Reads no data file: cheap enough for every parse of the workflow."""
     from huggingface_hub import HfApi, constants, snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from huggingface_hub.errors import HFValidationError, IncompleteSnapshotError, LocalEntryNotFoundError
 
     try:
         snapshot = snapshot_download(repo, repo_type="dataset", revision=revision, local_files_only=True)
         return Path(snapshot).name
-    except LocalEntryNotFoundError:
+    except HFValidationError as exc:
+        raise InputError(f"{HUB_PREFIX}{repo}", None, f"not a dataset id ({exc})", "use hf:owner/name") from None
+    except LocalEntryNotFoundError as exc:
         if constants.HF_HUB_OFFLINE:
+            incomplete = f" ({exc})" if isinstance(exc, IncompleteSnapshotError) else ""
             raise InputError(
                 f"{HUB_PREFIX}{repo}",
                 None,
                 f"revision {revision or 'main'!r} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
-                "and HF_HUB_OFFLINE is set",
+                f"and HF_HUB_OFFLINE is set{incomplete}",
                 f"download it where there is a network (`hf download --repo-type dataset {repo}"
                 f"{f' --revision {revision}' if revision else ''}`) into that cache (HF_HUB_CACHE), or unset "
                 "HF_HUB_OFFLINE",
