@@ -131,6 +131,15 @@ def test_hub_snapshot_directories_and_globs_of_their_shards_give_the_jsonl_promp
         InputError, match=r"has no subset 'nosuch' \(BuilderConfig .* Available: \['default', 'subset1'\]\)"
     ):
         prompts(Source(str(snapshot), subset="nosuch", split="train"), "sharegpt")
+    (snapshot / "README.md").write_text(
+        (snapshot / "README.md").read_text().replace("config_name: default", "config_name: other")
+    )
+    with pytest.raises(
+        InputError,
+        match=r"no subset named \(Config name is missing\. Please pick one among the available configs: "
+        r"\['other', 'subset1'\].* Fix: set the partition's `subset`",
+    ):
+        prompts(Source(str(snapshot), split="train"), "sharegpt")
     # a directory of plain data files, one split
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "a.jsonl.gz").write_bytes(gzip.compress((REALDATA / ALPACA).read_bytes()))

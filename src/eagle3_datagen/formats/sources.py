@@ -163,11 +163,10 @@ def _data_files(path: Path, source: Source, name: str) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="e3dg-datasets-") as cache:  # the builder's lock files only
         try:
             builder = load_dataset_builder(str(path), name=source.subset, cache_dir=cache)
-        except ValueError as exc:
-            if source.subset is None or f"{source.subset!r} not found" not in str(exc):
-                raise
+        except ValueError as exc:  # datasets' word on the subsets: one is missing, or none was named
+            problem = f"the dataset has no subset {source.subset!r}" if source.subset else "no subset named"
             raise InputError(
-                name, None, f"the dataset has no subset {source.subset!r} ({exc})", "set the partition's `subset`"
+                name, None, f"{problem} ({' '.join(str(exc).split())})", "set the partition's `subset` to one it has"
             ) from None
         except FileNotFoundError as exc:
             raise InputError(
