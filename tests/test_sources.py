@@ -199,6 +199,10 @@ def test_a_malformed_line_is_a_bad_record_within_the_rate_and_an_encoding_error_
         r".* Fix: convert it, e\.g\. `iconv -f latin1 -t utf-8 latin1\.jsonl > latin1\.jsonl\.utf8`",
     ):
         build_prompts(latin1, "alpaca", [tmp_path / "1.jsonl.zst"], tmp_path / "t.json")
+    utf16 = tmp_path / "utf16.jsonl"
+    utf16.write_bytes("\n".join(lines).encode("utf-16"))  # as Windows tools save "Unicode" text
+    with pytest.raises(InputError, match=r"utf16\.jsonl:1: the file's encoding is UTF-16 .* `iconv -f utf-16 -t utf-8"):
+        build_prompts(utf16, "alpaca", [tmp_path / "1.jsonl.zst"], tmp_path / "t.json")
 
 
 def test_a_partition_without_prompts_fails_with_its_reason_unless_it_may_be_empty(tmp_path):
