@@ -241,14 +241,15 @@ def _check_bad_rate(source, fmt: str, stats: Counter, bad: list, max_rate: float
     if not (stats["bad_records"] and stats["bad_records"] > max_rate * stats["records"]):
         return
     examples = "; ".join(f"{b['file'] + ' ' if 'file' in b else ''}line {b['line']}: {b['reason']}" for b in bad)
-    count = f"{stats['bad_records']} of {stats['records']} records"
-    allowed = f"(allowed: {max_rate:.2%}); first: {examples}"
+    count = f"{stats['bad_records']} of {stats['records']} records could not be read"
+    rate = f"(allowed: {max_rate:.2%})"
     raise_rate = "raise the partition's max_bad_record_rate to drop them"
     first = bad[0]
     if first["reason"].startswith(UNREADABLE):  # the file's text, not the layout, is at fault
-        problem = f"{first['reason']}; {count} could not be read {allowed}"
-        fix = f"make each line one complete JSON object, or {raise_rate}"
+        problem = f"{first['reason']}; {count} {rate}" + (f"; first: {examples}" if len(bad) > 1 else "")
+        whole = "one complete JSON object" if first["reason"].startswith(UNREADABLE[0]) else "one JSON object"
+        fix = f"make each line {whole}, or {raise_rate}"
     else:
-        problem = f"{count} could not be read as {fmt!r} {allowed}"
+        problem = f"{count} as {fmt!r} {rate}; first: {examples}"
         fix = f"set the partition's format to the dataset's layout (one of {', '.join(FORMATS)}), or {raise_rate}"
     raise InputError(first.get("file", source), first["line"], problem, fix)
