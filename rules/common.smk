@@ -20,6 +20,9 @@ if workflow.storage_settings.default_storage_provider is None:
     )
     if MISSING_SOURCES:
         raise WorkflowError("\n".join(MISSING_SOURCES))
+# A hub dataset's revision, resolved to a commit from the Hugging Face cache once per parse: it is in
+# the prompts rule's params, so a new commit reruns that partition only.
+SOURCE_COMMITS = wf.source_commits(config)
 
 
 # Settings that would delete a model the workflow did not make, or that no reader could take, are

@@ -2,7 +2,10 @@
 # prompts.shared_across_partitions: drop, a partition also reads the prompt shards of the partitions
 # before it in name order, so a change to one of them reruns the later ones. With `keep` (the default)
 # the rule and its command are the ones a config written before the option gets, so that finished
-# prompts are not rescheduled.
+# prompts are not rescheduled. Snakemake evaluates the command again when the job runs, after this
+# loop, with the loop's last values: what differs between sources comes from the job's own input and
+# params (a glob's and a directory's files are its input, a hub dataset has none; the script then reads
+# the `source` in the settings), and either command works for every partition.
 for partition in PARTITIONS:
     earlier_shards = [
         s
@@ -14,7 +17,7 @@ for partition in PARTITIONS:
         name:
             f"prompts_{partition}"
         input:
-            source=config["partitions"][partition]["source"],
+            source=wf.source_inputs(config, partition),
             earlier=earlier_shards,
         output:
             shards=get_prompt_outputs(partition),
@@ -26,7 +29,9 @@ for partition in PARTITIONS:
         conda:
             "../envs/cpu.yaml"
         params:
-            settings=wf.as_json(wf.prompt_settings(config, partition)),
+            settings=wf.as_json(
+                wf.prompt_settings(config, partition, SOURCE_COMMITS.get(partition))
+            ),
         shell:
             (
                 logged(

@@ -32,7 +32,10 @@ def test_a_failed_jobs_reason_reaches_the_console(workflow):
     )
     proc = snakemake(["--profile", "local", "--configfile", config, "--until", "prompts_bad"], workflow, check=False)
     assert proc.returncode != 0
-    reason = "error: bad.jsonl:2: expected a JSON object, got list. Fix: make each line one JSON object"
+    reason = (
+        "error: bad.jsonl:2: expected a JSON object, got list; 1 of 2 records could not be read (allowed: 0.00%)."
+        " Fix: make each line one JSON object, or raise the partition's max_bad_record_rate to drop them"
+    )
     assert reason in proc.stderr.splitlines()
     assert "Traceback" not in (workflow / "logs/bad/prompts.log").read_text()
     assert (workflow / "logs/bad/prompts.log").read_text().splitlines()[-1] == reason

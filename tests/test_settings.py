@@ -137,7 +137,7 @@ def coverage_config(hidden_backend: str) -> dict:
     """The demo with a partition on each API backend and every schema key set, so each can change."""
     config = yaml.safe_load((REPO / "config.yaml").read_text())
     alpaca = config["partitions"]["demo_alpaca"]
-    alpaca.update(max_prompts=1000, backend="hf", max_bad_record_rate=0.0)
+    alpaca.update(max_prompts=1000, backend="hf", max_bad_record_rate=0.0, allow_empty=False)
     config["prompts"] = {"shared_across_partitions": "keep"}
     config["partitions"]["cov_openrouter"] = {**alpaca, "shards": 1, "backend": "openrouter"}
     config["partitions"]["cov_sglang"] = {**alpaca, "shards": 1, "backend": "sglang"}
@@ -304,8 +304,10 @@ def dry_run(work, config: dict) -> list[tuple[str, str]]:
     return [] if "Nothing to be done" in out else scheduled(out)
 
 
-# Where a key's change cannot be made on the demo: a source is an input file (the input trigger).
-NOT_CHANGED_HERE = {"partitions.*.source"}
+# Where a key's change cannot be made on the demo: a source is an input file (the input trigger); a
+# subset, split and revision apply only to a hub dataset or a dataset directory (tests/test_sources.py
+# changes a hub dataset's revision).
+NOT_CHANGED_HERE = {"partitions.*.source", "partitions.*.subset", "partitions.*.split", "partitions.*.revision"}
 
 
 def keys_of_kind(kind: str) -> list[str]:

@@ -8,6 +8,8 @@ looks finished.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import io
 import json
 import os
 import secrets
@@ -99,42 +101,79 @@ def write_jsonl_zst(path: str | os.PathLike, rows: Iterable[dict]) -> int:
     return count
 
 
+# Compressed JSON lines, each opened by its own library as a stream: nothing is decompressed whole.
+COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": "zstandard"}
+JSON_SUFFIXES = tuple(f"{kind}{zip_}" for kind in (".jsonl", ".json") for zip_ in ("", *COMPRESSED))
+SOURCE_SUFFIXES = (*JSON_SUFFIXES, ".parquet", ".arrow")
+
+
+def _open_binary(path: Path):
+    """The file's decompressed bytes as a stream, by its compression suffix."""
+    suffix = path.suffix
+    if suffix == ".zst":
+        raw = open(path, "rb")  # noqa: SIM115 - the reader closes it
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
+    if suffix in COMPRESSED:
+        return importlib.import_module(COMPRESSED[suffix]).open(path, "rb")
+    return open(path, "rb")  # noqa: SIM115 - closed by the caller's `with`
+
+
 def _open_text_lines(path: Path) -> Iterator[bytes]:
-    if path.name.endswith(".zst"):
-        with open(path, "rb") as raw:
-            reader = zstandard.ZstdDecompressor().stream_reader(raw)
-            buffer = b""
-            while chunk := reader.read(1 << 20):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                yield from lines
-            if buffer:
-                yield buffer
+    with _open_binary(path) as raw, io.BufferedReader(raw, 1 << 20) as lines:
+        for line in lines:
+            yield line.rstrip(b"\n")
+
+
+def _not_utf8(path: Path, line_no: int, line: bytes, exc: UnicodeDecodeError) -> InputError:
+    """An encoding error names what the bytes look like and the conversion that fixes the file."""
+    if line_no == 1 and line.startswith((b"\xff\xfe", b"\xfe\xff")):
+        found = "UTF-16 (it starts with a UTF-16 byte-order mark)"
+        source = "utf-16"
     else:
-        with open(path, "rb") as f:
-            for line in f:
-                yield line.rstrip(b"\n")
+        byte = f"byte 0x{line[exc.start]:02x} at position {exc.start + 1} of the line"
+        found = f"not UTF-8 ({byte}); Latin-1 or Windows-1252 likely"
+        source = "latin1"
+    name = path.name
+    return InputError(
+        path,
+        line_no,
+        f"the file's encoding is {found}; JSON sources must be UTF-8",
+        f"convert it, e.g. `iconv -f {source} -t utf-8 {name} > {name}.utf8` (if the text is not {source}, "
+        "name its encoding instead), and point `source` at the converted file",
+    )
 
 
-def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, object) from a .jsonl or .jsonl.zst file; blank lines are skipped."""
+def iter_jsonl(path: str | os.PathLike, bad=None) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, object) from JSON lines, plain or compressed (.gz, .bz2, .xz, .zst); blank
+    lines are skipped.
+
+    A line that is not one JSON object raises InputError, or, given `bad`, is passed to
+    `bad(line, reason)` and skipped. A file that is not UTF-8 always raises: every line would be bad.
+    """
     path = Path(path)
     for line_no, line in enumerate(_open_text_lines(path), start=1):
+        if line_no == 1 and line.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark
+            line = line[3:]
         if not line.strip():
             continue
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            raise InputError(
-                path, line_no, f"malformed JSON ({exc})", "make each line one complete JSON object"
-            ) from None
+            try:  # orjson also refuses bytes that are not UTF-8: say so, as no line of the file would read
+                line.decode("utf-8")
+            except UnicodeDecodeError as encoding:
+                raise _not_utf8(path, line_no, line, encoding) from None
+            problem = f"malformed JSON ({exc})"
+            if bad is None:
+                raise InputError(path, line_no, problem, "make each line one complete JSON object") from None
+            bad(line_no, problem)
+            continue
         if not isinstance(obj, dict):
-            raise InputError(
-                path,
-                line_no,
-                f"expected a JSON object, got {type(obj).__name__}",
-                "make each line one JSON object",
-            )
+            problem = f"expected a JSON object, got {type(obj).__name__}"
+            if bad is None:
+                raise InputError(path, line_no, problem, "make each line one JSON object")
+            bad(line_no, problem)
+            continue
         yield line_no, obj
 
 
@@ -142,41 +181,101 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     return [obj for _, obj in iter_jsonl(path)]
 
 
-def iter_records(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """Yield (record number, record) from .jsonl, .jsonl.zst, .json or .parquet sources.
+def iter_records(path: str | os.PathLike, bad=None) -> Iterator[tuple[int, dict]]:
+    """Yield (record number, record) from one source file: JSON lines or a JSON array (.jsonl, .json,
+    plain or .gz, .bz2, .xz, .zst), Parquet, or Arrow (the IPC stream `datasets` writes, or the IPC file).
 
-    Record numbers are 1-based: the line for JSON lines, the array index + 1 for a JSON
-    array, the row + 1 for parquet.
+    Record numbers are 1-based: the line for JSON lines, the array index + 1 for a JSON array, the
+    row + 1 for Parquet and Arrow. Given `bad`, a record that is not a JSON object is passed to
+    `bad(number, reason)` and skipped instead of raising. A null column value of a Parquet or Arrow
+    row is left out, as the key it stands for is missing from the JSON record it was written from.
     """
     path = Path(path)
     name = path.name
     if not path.exists():
         raise InputError(path, None, "file not found", "check the partition's `source` path")
-    if name.endswith((".jsonl", ".jsonl.zst")):
-        yield from iter_jsonl(path)
-    elif name.endswith(".json"):
-        try:
-            data = orjson.loads(path.read_bytes())
-        except orjson.JSONDecodeError as exc:
-            raise InputError(path, None, f"malformed JSON ({exc})", "the file must be one JSON array") from None
-        if not isinstance(data, list):
-            raise InputError(path, None, "expected a JSON array of records", "wrap the records in [...]")
-        for index, obj in enumerate(data, start=1):
-            if not isinstance(obj, dict):
-                raise InputError(path, index, "expected a JSON object", "make every array item an object")
-            yield index, obj
+    if name.endswith(JSON_SUFFIXES):
+        if _is_json_array(path):
+            yield from _iter_json_array(path, bad)
+        else:
+            yield from iter_jsonl(path, bad)
     elif name.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        row = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
-            for obj in batch.to_pylist():
-                row += 1
-                yield row, obj
+        yield from _iter_rows(pq.ParquetFile(path).iter_batches(batch_size=4096))
+    elif name.endswith(".arrow"):
+        yield from _iter_rows(_arrow_batches(path))
     else:
         raise InputError(
             path,
             None,
             "unknown file type",
-            "use .jsonl, .jsonl.zst, .json or .parquet (or convert the file to one of them)",
+            f"use one of {', '.join(SOURCE_SUFFIXES)} (or convert the file to one of them)",
         )
+
+
+def _is_json_array(path: Path) -> bool:
+    """A .json file may hold one array of records or JSON lines (as many hub datasets name them)."""
+    if not path.name.endswith(tuple(f".json{zip_}" for zip_ in ("", *COMPRESSED))):
+        return False
+    with _open_binary(path) as raw:
+        head = raw.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    return head.startswith(b"[")
+
+
+def _iter_json_array(path: Path, bad) -> Iterator[tuple[int, dict]]:
+    with _open_binary(path) as raw:
+        data = raw.read()
+    try:
+        records = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as encoding:  # named by its line, as in a JSON lines file
+            start = data.rfind(b"\n", 0, encoding.start) + 1
+            line = data[start:].split(b"\n", 1)[0]
+            at = encoding.start - start
+            problem = UnicodeDecodeError("utf-8", line, at, at + 1, encoding.reason)
+            raise _not_utf8(path, data.count(b"\n", 0, start) + 1, line, problem) from None
+        raise InputError(path, None, f"malformed JSON ({exc})", "the file must be one JSON array") from None
+    for index, obj in enumerate(records, start=1):
+        if isinstance(obj, dict):
+            yield index, obj
+        elif bad is None:
+            raise InputError(path, index, "expected a JSON object", "make every array item an object")
+        else:
+            bad(index, f"expected a JSON object, got {type(obj).__name__}")
+
+
+def _arrow_batches(path: Path):
+    """An Arrow file's record batches, memory-mapped: `datasets` writes the IPC stream format (its
+    ArrowWriter's RecordBatchStreamWriter); pyarrow and Feather v2 write the IPC file format, read as
+    `datasets`' own arrow builder reads both."""
+    import pyarrow as pa
+
+    source = pa.memory_map(str(path))
+    try:
+        batches = pa.ipc.open_stream(source)
+    except pa.ArrowInvalid:
+        source.seek(0)
+        reader = pa.ipc.open_file(source)
+        batches = (reader.get_batch(index) for index in range(reader.num_record_batches))
+    yield from batches
+
+
+def _iter_rows(batches) -> Iterator[tuple[int, dict]]:
+    row = 0
+    for batch in batches:
+        for obj in batch.to_pylist():
+            row += 1
+            yield row, without_nulls(obj)
+
+
+def without_nulls(value):
+    """A columnar row as the JSON record it holds: a table gives every row every column (and every
+    struct every field any row had), null where the record had no such key; those keys are left out."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value

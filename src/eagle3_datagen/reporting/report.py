@@ -75,7 +75,8 @@ def partition_summary(
     compared = audit.get("turns_compared", 0)
     return {
         "partition": name,
-        "prompts": {k: v for k, v in prompts.items() if k != "per_shard"},
+        # the source's files stay in the prompt stats: a hub dataset's may be thousands
+        "prompts": {k: v for k, v in prompts.items() if k not in ("per_shard", "files")},
         "responses": {
             "backend": sorted({r["backend"] for r in responses}),
             "status": _merge([r["status"] for r in responses]),

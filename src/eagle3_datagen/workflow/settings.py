@@ -6,11 +6,15 @@ params rerun trigger invalidates exactly the partitions a config change touches.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from pathlib import Path
 
 from eagle3_datagen import config_schema
+from eagle3_datagen.formats import sources
 from eagle3_datagen.formats.checkpoint import text_config
+from eagle3_datagen.formats.files import SOURCE_SUFFIXES, InputError
 
 BACKENDS = ("hf", "sglang", "openrouter")
 GPU_BACKENDS = ("sglang",)
@@ -71,9 +75,14 @@ def _is_leaf(path: str) -> bool:
     return True
 
 
-def prompt_settings(config: dict, partition: str) -> dict:
+def prompt_settings(config: dict, partition: str, commit: str | None = None) -> dict:
     """The prompts rule's settings. Keys at their defaults are left out, so that a config written
-    before they existed keeps its params (and its finished prompts are not rescheduled)."""
+    before they existed keeps its params (and its finished prompts are not rescheduled).
+
+    A glob's, a directory's or a hub dataset's `source` is here, as no single input file names it; a hub
+    dataset's `commit` (its revision resolved from the cache, source_commits) too, so a new one reruns the
+    partition.
+    """
     part = config["partitions"][partition]
     # no system prompt, no cap on prompts: None
     settings = {
@@ -83,6 +92,13 @@ def prompt_settings(config: dict, partition: str) -> dict:
     }
     if part.get("max_bad_record_rate"):
         settings["max_bad_record_rate"] = part["max_bad_record_rate"]
+    if part.get("source") is not None and not source_is_input(part["source"]):
+        settings["source"] = part["source"]
+    settings.update({k: part[k] for k in ("subset", "split", "revision") if part.get(k) is not None})
+    if commit:
+        settings["commit"] = commit
+    if part.get("allow_empty"):
+        settings["allow_empty"] = True
     if earlier := earlier_partitions(config, partition):
         settings["drop_shared_with"] = earlier
     return settings
@@ -234,15 +250,99 @@ def demo_fit_partitions(config: dict) -> list[dict]:
     return [{k: config["partitions"][p].get(k) for k in keys} for p in sorted(config["partitions"])]
 
 
+def source_is_input(source: str) -> bool:
+    """A file source is the prompts rule's input and its command's --source; a glob's, a directory's and
+    a hub dataset's `source` is in the rule's settings."""
+    return not (sources.is_hub(source) or sources.is_glob(source) or Path(source).is_dir())
+
+
+def source_inputs(config: dict, partition: str) -> list[str]:
+    """The prompts rule's source inputs: the file, a glob's files, every file in a directory (so one
+    rewritten in place reruns the partition, which the directory's own time would not show; hidden
+    ones, such as a download's `.cache/`, left out), none for a hub dataset."""
+    source = config["partitions"][partition]["source"]
+    if sources.is_hub(source):
+        return []
+    if sources.is_glob(source):
+        return sources.glob_files(source)
+    if Path(source).is_dir():
+        files = []
+        for root, dirs, names in os.walk(source):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            files += [os.path.join(root, name) for name in names if not name.startswith(".")]
+        return sorted(files)
+    return [source]
+
+
+@functools.cache
+def _hub_commit(repo: str, revision: str | None) -> str | InputError:
+    try:
+        return sources.hub_commit(repo, revision)
+    except InputError as error:
+        return error
+
+
+def source_commits(config: dict) -> dict[str, str]:
+    """Each hub-dataset partition's commit, its revision resolved from the Hugging Face cache's refs
+    (or the hub, with a network, when the cache lacks it); missing_sources reports those that fail."""
+    commits = {}
+    for name, part in config["partitions"].items():
+        if sources.is_hub(part["source"]):
+            commit = _hub_commit(sources.hub_repo(part["source"]), part.get("revision"))
+            if isinstance(commit, str):
+                commits[name] = commit
+    return commits
+
+
 def missing_sources(config: dict, config_files: list) -> list[str]:
-    """One message per partition whose source file does not exist, naming what to fix."""
+    """One message per partition whose source cannot be read, naming what to fix: a path that does
+    not exist, a glob that matches nothing, a file of no known type, a hub dataset not in the cache."""
     where = ", ".join(str(f) for f in config_files)
-    return [
-        f"partition {name!r}: source {part['source']!r} does not exist (set in {where}; "
-        f"resolved from {Path.cwd()}). Fix the path, or put the file there."
-        for name, part in sorted(config["partitions"].items())
-        if not Path(part["source"]).exists()
-    ]
+    problems = []
+    for name, part in sorted(config["partitions"].items()):
+        source = part["source"]
+        if sources.is_hub(source):
+            commit = _hub_commit(sources.hub_repo(source), part.get("revision"))
+            if isinstance(commit, InputError):
+                problems.append(f"partition {name!r}: {commit} (set in {where})")
+            continue
+        if sources.is_glob(source):
+            if not sources.glob_files(source):
+                problems.append(
+                    f"partition {name!r}: source {source!r} matches no file (set in {where}; resolved from "
+                    f"{Path.cwd()}). Fix the pattern, or put the files there."
+                )
+        elif not Path(source).exists():
+            problems.append(
+                f"partition {name!r}: source {source!r} does not exist (set in {where}; "
+                f"resolved from {Path.cwd()}). Fix the path, or put the file there."
+            )
+        elif Path(source).is_file() and not source.endswith(SOURCE_SUFFIXES):
+            problems.append(
+                f"partition {name!r}: source {source!r} is of no type the prompts stage reads (set in {where}). "
+                f"Fix: use one of {', '.join(SOURCE_SUFFIXES)}, a directory of them, a `save_to_disk` "
+                "directory or hf:owner/name (docs/sources.md)."
+            )
+        for key in ("subset", "split", "revision"):
+            if part.get(key) is not None and not _takes(source, key):
+                problems.append(
+                    f"partition {name!r}: `{key}` applies to {_TAKES[key]}, not to source {source!r} "
+                    f"(set in {where}). Fix: remove it, or point `source` at such a dataset."
+                )
+    return problems
+
+
+_TAKES = {
+    "subset": "a hub dataset (hf:owner/name) or a dataset directory",
+    "split": "a hub dataset (hf:owner/name) or a dataset directory",
+    "revision": "a hub dataset (hf:owner/name)",
+}
+
+
+def _takes(source: str, key: str) -> bool:
+    if sources.is_hub(source):
+        return True
+    return key != "revision" and not sources.is_glob(source) and Path(source).is_dir()
 
 
 # The only folder the demo may build its model in: Snakemake removes a directory() output before the job

@@ -81,17 +81,36 @@ def _system_tools(system: str, dialect: str | None) -> tuple[str, list[dict] | N
     return system, None, dialect or "plain"
 
 
-def _turns(record: dict, list_key: str, role_key: str, content_key: str, roles: dict, used_turn_keys) -> Parsed:
+# A turn names its speaker and text as ShareGPT does ({from, value}) or as OpenAI does ({role, content});
+# datasets of either layout use both (ShareGPT `conversations` of {role, content} are common on the hub),
+# so each turn is read by its own keys, and the roles either layout names are known to both.
+TURN_STYLES = {"from": ("from", "value", SHAREGPT_TURN_FIELDS), "role": ("role", "content", OPENAI_TURN_FIELDS)}
+OTHER_STYLE = {"from": "role", "role": "from"}
+ROLES = {**SHAREGPT_ROLES, **OPENAI_ROLES}
+
+
+def _turn_style(turn: dict, own: str) -> tuple[str, str, frozenset[str]]:
+    """The turn's (speaker key, text key, keys read): the layout's own, unless only the other's is there."""
+    if own not in turn and OTHER_STYLE[own] in turn:
+        return TURN_STYLES[OTHER_STYLE[own]]
+    return TURN_STYLES[own]
+
+
+def _turns(record: dict, list_key: str, own_style: str) -> Parsed:
     turns = record.get(list_key)
     if not isinstance(turns, list):
         raise KeyError(list_key)
     parsed = Parsed([])
+    other_style = None
     for turn in turns:
         if not isinstance(turn, dict):
             raise TypeError(f"a turn of {list_key} is not an object")
+        role_key, content_key, used_turn_keys = _turn_style(turn, own_style)
+        if role_key != own_style:
+            other_style = f"{list_key}_turns_read_as_{role_key}_{content_key}"
         count_ignored(turn, used_turn_keys, parsed.notes, "ignored_turn_field")
         source_role = str(turn.get(role_key, "")).lower()
-        role = roles.get(source_role)
+        role = ROLES.get(source_role)
         if role is None:
             raise SkipRecord("unknown_role")
         message = {"role": role, "content": text(turn.get(content_key))}
@@ -106,6 +125,8 @@ def _turns(record: dict, list_key: str, role_key: str, content_key: str, roles: 
         if role == "tool":
             message.update({k: turn[k] for k in ("tool_call_id", "name") if turn.get(k)})
         parsed.messages.append(message)
+    if other_style:
+        parsed.notes[other_style] += 1  # records, so the stats show which turn layout was read
     return parsed
 
 
@@ -135,14 +156,14 @@ def _dialect_turns(parsed: Parsed, dialect: str) -> None:
 
 
 def parse_sharegpt(record: dict, dialect: str | None = None) -> Parsed:
-    """ShareGPT `conversations` of {from, value}, with LLaMA-Factory's `tools` and `system` columns
+    """ShareGPT `conversations` of {from, value} (or {role, content}), with LLaMA-Factory's `tools` and `system` columns
     (data/README.md: "system: the column name in the dataset containing the system prompts").
 
     A function list embedded in the system prompt (Hermes' `<tools>` block, ToolACE's JSON list) moves
     to `tools`, and the turns are then read in that dataset's call syntax. `dialect` forces one
     ("hermes", "toolace"; "plain" reads none); None detects it from the system prompt.
     """
-    parsed = _turns(record, "conversations", "from", "value", SHAREGPT_ROLES, SHAREGPT_TURN_FIELDS)
+    parsed = _turns(record, "conversations", "from")
     count_ignored(record, SHAREGPT_FIELDS, parsed.notes)
     system = record.get("system")
     if isinstance(system, str) and system.strip():
@@ -169,7 +190,7 @@ def parse_toolace(record: dict) -> Parsed:
 
 
 def parse_openai(record: dict) -> Parsed:
-    parsed = _turns(record, "messages", "role", "content", OPENAI_ROLES, OPENAI_TURN_FIELDS)
+    parsed = _turns(record, "messages", "role")
     count_ignored(record, OPENAI_FIELDS, parsed.notes)
     parsed.tools = tools(record.get("tools") or record.get("functions"))
     return parsed

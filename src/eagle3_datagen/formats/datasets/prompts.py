@@ -13,7 +13,8 @@ import orjson
 from eagle3_datagen.chat.tool_calls import openai_call
 from eagle3_datagen.formats.datasets import chats, toolcalls
 from eagle3_datagen.formats.datasets.common import BadRecord, Parsed, SkipRecord
-from eagle3_datagen.formats.files import InputError, iter_records
+from eagle3_datagen.formats.files import InputError
+from eagle3_datagen.formats.sources import Resolved, Source, iter_source, resolve
 
 PARSERS: dict[str, Callable[[dict], Parsed]] = {
     "sharegpt": chats.parse_sharegpt,
@@ -41,6 +42,8 @@ REQUIRED_KEYS = {
     "query_answer": "query or question, and answer",
 }
 
+# The reasons of records that are no JSON object (files.iter_jsonl), not records of another layout.
+UNREADABLE = ("malformed JSON", "expected a JSON object")
 # How many (line, reason) pairs of unreadable records the stats and the error quote.
 BAD_EXAMPLES = 5
 
@@ -112,7 +115,7 @@ def link_tool_calls(messages: list[dict]) -> tuple[list[dict], str | None]:
 def recorded_conversations(source: str | Path, fmt: str) -> Iterator[tuple[int, list[dict]]]:
     """(line, whole conversation) per record, assistant turns included and calls linked as prompts'
     are: what the demo models are fitted to answer."""
-    for line_no, record in iter_records(source):
+    for _, line_no, record in iter_source(resolve(Source(str(source)))):
         _, parsed = parse(record, fmt)
         messages, _ = link_tool_calls(parsed.messages)
         yield line_no, messages
@@ -167,31 +170,49 @@ def conversation_id(messages: Sequence[dict], tools: Sequence[dict] | None = Non
 
 
 def normalize(
-    source: str | Path,
+    source: str | Path | Source,
     fmt: str,
     system_prompt: str | None,
     stats: Counter,
     max_bad_record_rate: float = 0.0,
     bad_examples: list | None = None,
+    resolved: Resolved | None = None,
 ) -> Iterator[dict]:
-    """Yield normalized prompts from `source` in source order, counting what is skipped, cut, dropped
-    and ignored in `stats`.
+    """Yield normalized prompts from `source` (sources.py: a file, a glob, a directory or a hub id) in
+    source order, counting what is skipped, cut, dropped and ignored in `stats`, and with `format: auto`
+    the layout each record was read as (`layout:<name>`, `layout:unknown`).
 
-    A record that is not of the layout is counted (`bad_records`, its line and reason in
-    `bad_examples`); once the whole source is read, more of them than `max_bad_record_rate` of the
-    records raises InputError naming the first ones. Callers write nothing before the end.
+    A record that is not of the layout, or a line that is not a JSON object, is counted (`bad_records`,
+    its line and reason in `bad_examples`); once the whole source is read, more of them than
+    `max_bad_record_rate` of the records raises InputError naming the first ones. Callers write nothing
+    before the end. `resolved`: the source's files, when the caller resolved it already.
     """
+    spec = source if isinstance(source, Source) else Source(str(source))
     if fmt not in FORMATS:
-        raise InputError(source, None, f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+        raise InputError(spec.source, None, f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+    resolved = resolved or resolve(spec)
+    single = resolved.parts == [spec.source]
     bad = bad_examples if bad_examples is not None else []
-    for line_no, record in iter_records(source):
+
+    def count_bad(file: str, line_no: int, reason: str) -> None:
+        stats["bad_records"] += 1
+        if len(bad) < BAD_EXAMPLES:
+            where = {"line": line_no} if single else {"file": file, "line": line_no}
+            bad.append({**where, "reason": reason})
+
+    def unreadable(file: str, line_no: int, reason: str) -> None:
+        """A line that is no JSON object: a record, and a bad one."""
         stats["records"] += 1
+        count_bad(file, line_no, reason)
+
+    for file, line_no, record in iter_source(resolved, unreadable):
+        stats["records"] += 1
+        if fmt == "auto":
+            stats[f"layout:{detect_format(record) or 'unknown'}"] += 1
         try:
             record_format, parsed = parse(record, fmt)
         except BadRecord as exc:
-            stats["bad_records"] += 1
-            if len(bad) < BAD_EXAMPLES:
-                bad.append({"line": line_no, "reason": str(exc)})
+            count_bad(file, line_no, str(exc))
             continue
         except SkipRecord as skip:
             stats[f"skipped_{skip.reason}"] += 1
@@ -206,24 +227,29 @@ def normalize(
             stats.update(parsed.notes)
         for cut in filter(None, (parsed.cut, unmatched)):
             stats[f"cut_{cut}"] += 1
-        source_info = {"file": str(source), "line": line_no, "format": record_format}
+        source_info = {"file": file, "line": line_no, "format": record_format}
         if record.get("id") is not None:
             source_info["id"] = str(record["id"])
         prompt = {"id": conversation_id(messages, parsed.tools), "messages": messages, "source": source_info}
         if parsed.tools:
             prompt["tools"] = parsed.tools
         yield prompt
-    _check_bad_rate(source, fmt, stats, bad, max_bad_record_rate)
+    _check_bad_rate(spec.source, fmt, stats, bad, max_bad_record_rate)
 
 
 def _check_bad_rate(source, fmt: str, stats: Counter, bad: list, max_rate: float) -> None:
-    if stats["bad_records"] and stats["bad_records"] > max_rate * stats["records"]:
-        examples = "; ".join(f"line {b['line']}: {b['reason']}" for b in bad)
-        raise InputError(
-            source,
-            bad[0]["line"],
-            f"{stats['bad_records']} of {stats['records']} records could not be read as {fmt!r} "
-            f"(allowed: {max_rate:.2%}); first: {examples}",
-            f"set the partition's format to the dataset's layout (one of {', '.join(FORMATS)}), "
-            "or raise the partition's max_bad_record_rate to drop them",
-        )
+    if not (stats["bad_records"] and stats["bad_records"] > max_rate * stats["records"]):
+        return
+    examples = "; ".join(f"{b['file'] + ' ' if 'file' in b else ''}line {b['line']}: {b['reason']}" for b in bad)
+    count = f"{stats['bad_records']} of {stats['records']} records could not be read"
+    rate = f"(allowed: {max_rate:.2%})"
+    raise_rate = "raise the partition's max_bad_record_rate to drop them"
+    first = bad[0]
+    if first["reason"].startswith(UNREADABLE):  # the file's text, not the layout, is at fault
+        problem = f"{first['reason']}; {count} {rate}" + (f"; first: {examples}" if len(bad) > 1 else "")
+        whole = "one complete JSON object" if first["reason"].startswith(UNREADABLE[0]) else "one JSON object"
+        fix = f"make each line {whole}, or {raise_rate}"
+    else:
+        problem = f"{count} as {fmt!r} {rate}; first: {examples}"
+        fix = f"set the partition's format to the dataset's layout (one of {', '.join(FORMATS)}), or {raise_rate}"
+    raise InputError(first.get("file", source), first["line"], problem, fix)
