@@ -13,9 +13,10 @@ import torch
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.backends.hf.generate import HFBackend
 from eagle3_datagen.formats import hidden_codec
+from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.probe import LMHead, ProbeFailure, ProbeSettings, run_probe
-from eagle3_datagen.stages.responses.conversation import regenerate
+from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
 from eagle3_datagen.stages.tokens import TokenSettings, build_samples
 
 from .conftest import tiny_qwen3
@@ -37,13 +38,16 @@ def random_model_dir(tmp_path_factory, qwen_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def greedy_rows(random_model_dir):
+def greedy_rows(random_model_dir, tmp_path_factory):
     prompts = [
         {"id": f"p{i}", "source": "test", "messages": [{"role": "user", "content": f"Question {i}: {topic}?"}]}
         for i, topic in enumerate(["rivers", "prime numbers", "sorting", "tides", "bread", "orbits"] * 2)
     ]
     backend = HFBackend(random_model_dir, {"max_new_tokens": 16, "temperature": 0.0}, {"batch_size": 4}, THINKING_OFF)
-    return regenerate(prompts, backend)
+    work = tmp_path_factory.mktemp("greedy")
+    write_jsonl_zst(work / "prompts.jsonl.zst", prompts)
+    run_journaled_responses(work / "prompts.jsonl.zst", work / "out.jsonl.zst", work / "stats.json", backend, Budgets())
+    return read_jsonl(work / "out.jsonl.zst")
 
 
 def samples_for(rows, model_dir, model_settings=THINKING_OFF):
