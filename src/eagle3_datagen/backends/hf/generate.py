@@ -30,7 +30,6 @@ class HFBackend:
         self.model = Path(model_path).name
         self.chat = RenderedChat(model_path, model_settings)
         self.tokenizer, self.specials = self.chat.tokenizer, self.chat.specials
-        self.dtype = settings.get("dtype", "float32")
         self.lm = load_causal_lm(model_path, settings, model_settings.get("trust_remote_code", False))
         self.sampling = sampling
         self.batch_size = settings.get("batch_size", 8)
@@ -43,7 +42,7 @@ class HFBackend:
             "backend": self.name,
             "model": self.model,
             "sampling": self.sampling,
-            "dtype": self.dtype,
+            "dtype": str(self.lm.dtype),  # as loaded
             "chat_template_kwargs": self.chat.template_kwargs,
         }
 
