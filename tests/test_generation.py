@@ -520,7 +520,6 @@ def test_hf_backend_declares_tools_and_goes_on_after_a_matched_call(tmp_path, ki
     import torch
 
     from eagle3_datagen.backends.hf.generate import HFBackend
-    from eagle3_datagen.stages.responses.conversation import regenerate
 
     from .conftest import tiny_qwen3
 
@@ -560,7 +559,9 @@ def test_hf_backend_declares_tools_and_goes_on_after_a_matched_call(tmp_path, ki
             *recorded_call("calculate_factorial", '{"number":5}', 0, "120"),
         ],
     }
-    [row] = regenerate([prompt], backend)
+    write_jsonl_zst(tmp_path / "h.jsonl.zst", [prompt])
+    run(tmp_path, tmp_path / "h.jsonl.zst", backend)
+    [row] = read_jsonl(tmp_path / "out.jsonl.zst")
     assert [m["role"] for m in row["messages"]] == ["user", "assistant", "tool", "assistant"]
     called, result, answer = row["messages"][1:]
     assert called["tool_calls"] == [openai_call("calculate_factorial", '{"number": 5}', 0)]

@@ -14,9 +14,10 @@ from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.backends.hf.generate import HFBackend
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats import hidden_codec
+from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.probe import LMHead, ProbeFailure, run_probe
-from eagle3_datagen.stages.responses.conversation import regenerate
+from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
 from eagle3_datagen.stages.tokens import build_samples
 
 from .conftest import defaults, probe_settings, tiny_qwen3, token_settings
@@ -39,7 +40,7 @@ def random_model_dir(tmp_path_factory, qwen_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def greedy_rows(random_model_dir):
+def greedy_rows(random_model_dir, tmp_path_factory):
     prompts = [
         {"id": f"p{i}", "source": "test", "messages": [{"role": "user", "content": f"Question {i}: {topic}?"}]}
         for i, topic in enumerate(["rivers", "prime numbers", "sorting", "tides", "bread", "orbits"] * 2)
@@ -50,7 +51,10 @@ def greedy_rows(random_model_dir):
         defaults("inference.hf", batch_size=4),
         THINKING_OFF,
     )
-    return regenerate(prompts, backend)
+    work = tmp_path_factory.mktemp("greedy")
+    write_jsonl_zst(work / "prompts.jsonl.zst", prompts)
+    run_journaled_responses(work / "prompts.jsonl.zst", work / "out.jsonl.zst", work / "stats.json", backend, Budgets())
+    return read_jsonl(work / "out.jsonl.zst")
 
 
 def samples_for(rows, model_dir, model_settings=THINKING_OFF):

@@ -1,9 +1,10 @@
 """What every backend shares: the generated `Turn`, the generation and capture interfaces, the errors.
 
-Generation comes in two shapes: `GenerationBackend` answers a batch of conversations at once
-(in-process transformers), `AsyncGenerationBackend` one conversation turn per call, many in
-flight (HTTP servers: SGLang, OpenRouter). Capture has one: `CaptureBackend`, called with a
-batch of token ID lists, in lockstep over `Ranks` when tensor parallel.
+Generation has one interface, `AsyncGenerationBackend`: one conversation turn per call, many in
+flight (HTTP servers: SGLang, OpenRouter). In-process transformers (`hf`) adds `LockstepGroups`:
+its batches must not depend on timing, so its conversations run in fixed groups, each turn one
+batch of a group's live conversations. Capture has one interface: `CaptureBackend`, called with
+a batch of token ID lists, in lockstep over `Ranks` when tensor parallel.
 """
 
 from __future__ import annotations
@@ -61,19 +62,6 @@ def finish_reason(stopped: bool, tool_calls: list[dict] | None) -> str:
 
 
 @runtime_checkable
-class GenerationBackend(Protocol):
-    """Generates for a batch of conversations at once (in-process: `hf`)."""
-
-    name: str  # recorded in every response row
-    model: str
-
-    def generate(self, conversations: Sequence[list[dict]], tools: Sequence[list[dict] | None]) -> list[Turn]:
-        """The next assistant turn of each conversation (each ends with a user turn or tool results),
-        with the tools each declares (OpenAI layout, or None)."""
-        ...
-
-
-@runtime_checkable
 class AsyncGenerationBackend(Protocol):
     """Generates one conversation's next turn per call, `concurrency` calls in flight (HTTP: `sglang`,
     `openrouter`). Used as an async context manager around the calls (it opens its session there)."""
@@ -96,6 +84,35 @@ class AsyncGenerationBackend(Protocol):
         Raises RequestFailed (this prompt fails), RetryableError (retries spent) or StopRun (no
         request can succeed any more).
         """
+        ...
+
+
+class ConversationGroup(Protocol):
+    """One group of a `LockstepGroups` backend: its conversations ask for their turns here."""
+
+    async def generate(self, messages: list[dict], tools: list[dict] | None) -> Turn:
+        """This conversation's next turn, answered in the batch of every live conversation of the group."""
+        ...
+
+    async def leave(self) -> None:
+        """This conversation is done: the group's batches go on without it."""
+        ...
+
+
+@runtime_checkable
+class LockstepGroups(Protocol):
+    """An `AsyncGenerationBackend` whose batch composition is a function of its inputs, never of
+    timing (padding changes float bits): the driver runs one group at a time, as planned over
+    every prompt of a shard, so a rerun that skips finished groups batches the rest as an
+    uninterrupted run does."""
+
+    def groups(self, first_turns: Sequence[tuple[list[dict], list[dict] | None]]) -> list[list[int]]:
+        """The conversations (indices into `first_turns`: each one's messages and tools up to its
+        first answer) that run together."""
+        ...
+
+    def group(self, size: int) -> ConversationGroup:
+        """A group of `size` conversations: a batch runs once each live one has asked or left."""
         ...
 
 

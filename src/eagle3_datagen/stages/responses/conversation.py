@@ -1,27 +1,21 @@
 """Stage 2: the target model regenerates every assistant turn of each prompt.
 
-A backend answers one batch of conversations at a time (`GenerationBackend.generate`). This module
-owns the multi-turn loop (`Conversation`): the assistant turn after each user turn is
-generated in order, on the regenerated history, and a conversation stops at its first
-truncated or malformed turn. A turn that calls tools goes on only where the prompt recorded
-the same calls at that point: their recorded results are appended and the model answers
-again; otherwise the conversation ends at that call, with the reason counted.
+This module owns the multi-turn loop's state (`Conversation`; `journaled` drives it against a
+backend): the assistant turn after each user turn is generated in order, on the regenerated
+history, and a conversation stops at its first truncated or malformed turn. A turn that calls
+tools goes on only where the prompt recorded the same calls at that point: their recorded
+results are appended and the model answers again; otherwise the conversation ends at that
+call, with the reason counted. It also sums the rows into the shard's stats.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from eagle3_datagen.backends.base import GenerationBackend, Turn
+from eagle3_datagen.backends.base import Turn
 from eagle3_datagen.chat.tool_calls import same_call
-from eagle3_datagen.formats.files import read_jsonl, write_json, write_jsonl_zst
 from eagle3_datagen.formats.histograms import histogram
-
-log = logging.getLogger(__name__)
 
 TOOL_COUNTS = ("regenerated", "matched", "diverged", "results_reused", "recorded_not_called")
 
@@ -150,19 +144,6 @@ def through_last_reply(messages: list[dict]) -> list[dict]:
     return messages
 
 
-def regenerate(prompts: list[dict], backend: GenerationBackend) -> list[dict]:
-    """Regenerate all assistant turns of `prompts`; returns response rows in prompt order."""
-    conversations = [Conversation(p) for p in prompts]
-    step = 0
-    while pending := [c for c in conversations if not c.done]:
-        step += 1
-        log.info("step %d: generating %d responses", step, len(pending))
-        turns = backend.generate([c.messages for c in pending], [c.tools for c in pending])
-        for conversation, turn in zip(pending, turns, strict=True):
-            conversation.add(turn)
-    return [c.row(backend.name, backend.model) for c in conversations]
-
-
 def regenerated_turns(rows: list[dict]) -> list[dict]:
     return [m for r in rows for m in r["messages"] if m["role"] == "assistant"]
 
@@ -197,23 +178,3 @@ def throughput(rows: list[dict], seconds: float) -> dict:
     """What one job generated and how long it took (rows journalled by an earlier job excluded)."""
     tokens = sum(m["usage"].get("completion_tokens", 0) for m in regenerated_turns(rows))
     return {"seconds": round(seconds, 3), "prompts": len(rows), "completion_tokens": tokens}
-
-
-def run_responses(
-    prompts_path: str | Path,
-    out_path: str | Path,
-    stats_path: str | Path,
-    backend: GenerationBackend,
-    provenance: dict | None = None,
-) -> dict:
-    """`provenance`: how the job ran (settings that change float bits, not meaning), kept in the stats."""
-    prompts = read_jsonl(prompts_path)
-    started = time.monotonic()
-    rows = regenerate(prompts, backend)
-    write_jsonl_zst(out_path, rows)
-    stats = {"backend": backend.name, "model": backend.model, **response_stats(rows)}
-    stats["throughput"] = throughput(rows, time.monotonic() - started)
-    if provenance:
-        stats["provenance"] = provenance
-    write_json(stats_path, stats)
-    return stats

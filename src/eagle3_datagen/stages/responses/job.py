@@ -6,7 +6,6 @@ import contextlib
 import logging
 
 from eagle3_datagen.backends.base import MissingApiKey, ServerError
-from eagle3_datagen.stages.responses.conversation import run_responses
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
 
 log = logging.getLogger(__name__)
@@ -28,28 +27,26 @@ def run_response_job(
 ) -> None:
     """`shards`: (prompts, out, stats) paths. `settings`: the job's response settings (the rule's merged
     with the run-only ones); `run_settings`: those run-only ones, recorded in each shard's stats."""
-    model = settings["model"]
-    backend = settings["backend"]
-    provenance = {"run_settings": (run_settings or {}).get(backend) or {}}
-    if backend == "hf":
-        from eagle3_datagen.backends.hf.generate import HFBackend
-
-        hf = HFBackend(model["path"], settings["sampling"], settings["hf"], model)
-        for prompts, out, stats in shards:
-            run_responses(prompts, out, stats, hf, provenance)
-        return
+    provenance = {"run_settings": (run_settings or {}).get(settings["backend"]) or {}}
     try:
         with _server(settings, server_log, provenance):
+            # hf's model loads once for every shard; an HTTP backend's session and slots belong to one
+            # event loop (one shard's), so each shard gets its own.
+            shared = _backend(settings) if settings["backend"] == "hf" else None
             for prompts, out, stats in shards:
                 result = run_journaled_responses(
-                    prompts, out, stats, _api_backend(settings), budgets_from(settings), provenance=provenance
+                    prompts, out, stats, shared or _backend(settings), budgets_from(settings), provenance=provenance
                 )
                 log.info("%s: %s", out, {k: result[k] for k in ("prompts", "status", "usage")})
     except (IncompleteRun, MissingApiKey, ServerError) as e:
         raise JobError(str(e)) from None
 
 
-def _api_backend(settings: dict):
+def _backend(settings: dict):
+    if settings["backend"] == "hf":
+        from eagle3_datagen.backends.hf.generate import HFBackend
+
+        return HFBackend(settings["model"]["path"], settings["sampling"], settings["hf"], settings["model"])
     if settings["backend"] == "sglang":
         from eagle3_datagen.backends.sglang.generate import SGLangBackend
 

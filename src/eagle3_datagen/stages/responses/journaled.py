@@ -1,10 +1,12 @@
-"""Concurrent, resumable regeneration over HTTP backends (SGLang, OpenRouter).
+"""Concurrent, resumable regeneration, every backend (SGLang, OpenRouter, in-process `hf`).
 
 Each prompt is one conversation task (`conversation.Conversation`): its user turns are answered
 in order, each on the regenerated history, tool calls checked against the recorded ones; the
-finished row (success or failure with its reason) is appended to the journal at once.
-Budgets are checked before a conversation starts, so in-flight ones finish and nothing is
-half-written. The final output is written only when every prompt is
+finished row (success or failure with its reason) is appended to the journal at once. A
+backend with `LockstepGroups` (`hf`) runs its fixed groups one at a time instead, and a group's
+rows are journaled when the group is done, so a rerun batches what is left as an uninterrupted
+run did. Budgets are checked before a conversation (or group) starts, so in-flight ones finish
+and nothing is half-written. The final output is written only when every prompt is
 in the journal, in prompt order; otherwise the job stops with what is done and what is left,
 and a rerun continues from the journal.
 """
@@ -18,7 +20,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_datagen.backends.base import AsyncGenerationBackend, RequestFailed, RetryableError, StopRun
+from eagle3_datagen.backends.base import (
+    AsyncGenerationBackend,
+    ConversationGroup,
+    LockstepGroups,
+    RequestFailed,
+    RetryableError,
+    StopRun,
+)
 from eagle3_datagen.formats.files import read_jsonl, write_json, write_jsonl_zst
 from eagle3_datagen.formats.journal import Journal, journal_path
 from eagle3_datagen.progress import Progress
@@ -54,11 +63,12 @@ def row_usage(row: dict) -> dict:
     return usage
 
 
-async def _conversation(prompt: dict, backend: AsyncGenerationBackend) -> dict:
+async def _conversation(prompt: dict, backend: AsyncGenerationBackend, group: ConversationGroup | None) -> dict:
     conversation = Conversation(prompt)
+    asker = group or backend
     while not conversation.done:
         try:
-            turn = await backend.generate(conversation.messages, conversation.tools)
+            turn = await asker.generate(conversation.messages, conversation.tools)
         except RequestFailed as e:
             conversation.fail(e.reason)
             break
@@ -66,7 +76,23 @@ async def _conversation(prompt: dict, backend: AsyncGenerationBackend) -> dict:
             conversation.fail(f"retries exhausted: {e.reason}")
             break
         conversation.add(turn)
+    if group is not None:
+        await group.leave()
     return conversation.row(backend.name, backend.model)
+
+
+def _groups(prompts: list[dict], backend: AsyncGenerationBackend) -> list[list[dict]]:
+    """The prompts that run together: each on its own, or a lockstep backend's groups, planned
+    over every prompt (finished ones too) so that the plan does not depend on the journal."""
+    if not isinstance(backend, LockstepGroups):
+        return [[prompt] for prompt in prompts]
+    first_turns = [(c.messages, c.tools) for c in map(Conversation, prompts)]
+    return [[prompts[i] for i in group] for group in backend.groups(first_turns)]
+
+
+async def _regenerate_group(prompts: list[dict], backend: AsyncGenerationBackend) -> list[dict]:
+    group = backend.group(len(prompts)) if isinstance(backend, LockstepGroups) else None
+    return list(await asyncio.gather(*(_conversation(prompt, backend, group) for prompt in prompts)))
 
 
 async def regenerate_journaled(
@@ -82,10 +108,11 @@ async def regenerate_journaled(
         for key, value in row_usage(row).items():
             usage[key] += value
     pending = asyncio.Queue()
-    for prompt in prompts:
-        if prompt["id"] not in journal.rows:
-            pending.put_nowait(prompt)
-    progress = Progress(len(prompts), "prompts", log, done=len(prompts) - pending.qsize(), interval=progress_interval)
+    for group in _groups(prompts, backend):
+        if any(prompt["id"] not in journal.rows for prompt in group):
+            pending.put_nowait(group)
+    done = sum(prompt["id"] in journal.rows for prompt in prompts)
+    progress = Progress(len(prompts), "prompts", log, done=done, interval=progress_interval)
     stopped: list[str] = []
 
     async def worker() -> None:
@@ -94,21 +121,26 @@ async def regenerate_journaled(
             if reason:
                 stopped.append(reason)
                 return
-            prompt = pending.get_nowait()
+            group = pending.get_nowait()
             try:
-                row = await _conversation(prompt, backend)
+                rows = await _regenerate_group(group, backend)
             except StopRun as e:
                 stopped.append(str(e))
                 return
-            journal.append(row)
-            spent = row_usage(row)
-            for key, value in spent.items():
-                usage[key] += value
-            progress.advance(tokens=spent["total_tokens"], failed=row["status"] == "failed", cost=spent["cost"])
+            for row in rows:
+                if row["id"] in journal.rows:  # journaled before a kill cut its group's journaling short
+                    continue
+                journal.append(row)
+                spent = row_usage(row)
+                for key, value in spent.items():
+                    usage[key] += value
+                progress.advance(tokens=spent["total_tokens"], failed=row["status"] == "failed", cost=spent["cost"])
 
+    # A lockstep backend runs one group at a time: its batches are the groups'.
+    workers = 1 if isinstance(backend, LockstepGroups) else max(1, min(backend.concurrency, pending.qsize()))
     try:
         async with backend:
-            await asyncio.gather(*(worker() for _ in range(max(1, min(backend.concurrency, pending.qsize())))))
+            await asyncio.gather(*(worker() for _ in range(workers)))
     finally:
         progress.close()
         log.info("progress: %s", progress.line())
