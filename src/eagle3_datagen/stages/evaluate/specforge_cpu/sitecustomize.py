@@ -1,4 +1,4 @@
-"""Loaded at start-up by the `specforge train` processes the SpecForge tests launch (PYTHONPATH).
+"""Loaded at start-up (PYTHONPATH) by the `specforge train` processes run on the CPU.
 
 SpecForge 0.2.0's EAGLE-3 loss (`specforge.core.loss.LogSoftmaxLoss`) is a Triton kernel, which has
 no CPU backend ("0 active drivers"). The same module keeps its reference implementation,
@@ -6,7 +6,6 @@ no CPU backend ("0 active drivers"). The same module keeps its reference impleme
 Nothing else of SpecForge is changed.
 """
 
-from specforge.core import loss
+from eagle3_datagen.stages.evaluate.draft import use_reference_loss
 
-_reference = getattr(loss._compute_loss, "_torchdynamo_orig_callable", loss._compute_loss)
-loss.LogSoftmaxLoss.apply = staticmethod(_reference)
+use_reference_loss()
