@@ -34,7 +34,7 @@ from transformers import AutoModelForCausalLM
 
 from eagle3_datagen.formats.draft_vocab import write_mapping
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
-from eagle3_datagen.stages.evaluate.draft import load_draft, trainer_estimate, training_forward, use_reference_loss
+from eagle3_datagen.stages.evaluate.draft import load_draft, specforge_on_cpu, trainer_estimate, training_forward
 from eagle3_datagen.stages.evaluate.measure import held_out_prompt
 from eagle3_datagen.stages.evaluate.speculative import (
     acceptance_length,
@@ -128,7 +128,7 @@ def test_speculative_decoding_commits_the_targets_greedy_tokens_at_a_measured_ac
         assert all(0 <= a <= STEPS for a in d.accepted)
         assert d.committed == len(d.tokens) - 1  # every token but the prefill's came from a verify step
     value = acceptance_length(decoded)
-    assert 1.5 < value <= STEPS + 1, value  # measured 2.02
+    assert 1.5 < value <= STEPS + 1, value  # measured 2.93
     accepted = [a for d in decoded for a in d.accepted]
     assert 0 in accepted and STEPS in accepted  # rejections and full chains both occur
     # The script measured the same draft (its own training run, loaded here) the same way, and failed
@@ -150,8 +150,7 @@ def test_speculative_decoding_commits_the_targets_greedy_tokens_at_a_measured_ac
 def test_two_paths_accepted_tokens_equal_the_training_time_forwards_predictions(target, draft, prompts):
     """Each verify step's accepted proposals are exactly the leading run of SpecForge's TTT forward's
     predictions (steps 0..STEPS-1 at the step's start position) that equal the target's greedy tokens."""
-    use_reference_loss()
-    torch._dynamo.config.disable = True  # SpecForge's compiled target-softmax, run eagerly as in its CPU training
+    specforge_on_cpu()
     corrects, denoms = [0.0] * TTT_LENGTH, [0.0] * TTT_LENGTH
     compared = set()
     for prompt in prompts:

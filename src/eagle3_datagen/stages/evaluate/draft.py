@@ -8,7 +8,7 @@ released but for documented substitutions, the same as tests/trainers/test_specf
 - `TORCHDYNAMO_DISABLE=1`: its `torch.compile`d helpers run eagerly (compiled, they recompile for every
   sequence length);
 - its Triton loss kernel, which has no CPU backend, replaced by the reference implementation its own
-  module keeps (`use_reference_loss`; `specforge_cpu/sitecustomize.py` for its processes).
+  module keeps (`specforge_on_cpu`; `specforge_cpu/sitecustomize.py` for its processes).
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ CPU_OVERRIDES = ["training.attention_backend=sdpa", "training.fsdp_sharding=NO_S
 CPU_ENV = {"TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": str(SPECFORGE_CPU)}
 
 
-def use_reference_loss() -> None:
-    """SpecForge's EAGLE-3 loss through its reference implementation (its Triton kernel has no CPU backend)."""
+def specforge_on_cpu() -> None:
+    """In this process, SpecForge as its CPU training processes run it: its Triton loss kernel (no CPU
+    backend) through the reference implementation its own module keeps, its `torch.compile`d helpers eager."""
     from specforge.core import loss
 
+    torch._dynamo.config.disable = True
     reference = getattr(loss._compute_loss, "_torchdynamo_orig_callable", loss._compute_loss)
     loss.LogSoftmaxLoss.apply = staticmethod(reference)
 

@@ -11,7 +11,13 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
-from eagle3_datagen.stages.evaluate.draft import load_draft, train_draft, trainer_estimate, training_forward
+from eagle3_datagen.stages.evaluate.draft import (
+    load_draft,
+    specforge_on_cpu,
+    train_draft,
+    trainer_estimate,
+    training_forward,
+)
 from eagle3_datagen.stages.evaluate.speculative import acceptance_length, speculative_decode, target_pass
 
 MEASURED_BY = "greedy chain speculative decoding in transformers on the CPU (top-k 1), not SGLang"
@@ -51,6 +57,8 @@ def evaluate_partition(export_dir: Path, held_out: list[dict], work_dir: Path, s
     """Train (`settings`: train_steps, seed, batch_size, learning_rate), decode each held-out prompt
     (spec_steps proposals a step, up to max_new_tokens) and estimate; returns the figures."""
     torch.manual_seed(settings["seed"])
+    specforge_on_cpu()
+    torch.set_num_threads(1)  # the tiny CPU models' matrices: one thread beats two contending
     run = train_draft(
         export_dir,
         work_dir,
