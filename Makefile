@@ -88,7 +88,8 @@ test-apart: sglang-env speculators-env specforge-env ## the SGLang and trainer t
 	mkdir -p $(TEST_TMP)/apart
 	TMPDIR=$(TEST_TMP)/apart $(SGLANG_VENV)/bin/python $(RUN_APART) tests/real_sglang
 	TMPDIR=$(TEST_TMP)/apart $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
-	TMPDIR=$(TEST_TMP)/apart $(SPECFORGE_VENV)/bin/python $(RUN_APART) tests/trainers/test_specforge.py
+	TMPDIR=$(TEST_TMP)/apart $(SPECFORGE_VENV)/bin/python $(RUN_APART) tests/trainers/test_specforge.py \
+		tests/trainers/test_evaluate.py
 
 lint: install ## ruff, snakefmt and snakemake --lint
 	ruff check src scripts tests

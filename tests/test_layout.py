@@ -11,8 +11,9 @@ from .conftest import REPO
 
 PACKAGE = REPO / "src" / "eagle3_datagen"
 # sglang is imported only inside the SGLang backends, which run in their own env (envs/sglang.yaml,
-# envs/sglang-cpu.txt); everything else the package imports is a runtime dependency.
-OWN_ENV = {"sglang"}
+# envs/sglang-cpu.txt), specforge only inside the evaluate stage, which runs in SpecForge's
+# (envs/specforge-cpu.txt); everything else the package imports is a runtime dependency.
+OWN_ENV = {"sglang", "specforge"}
 
 
 def imports(path: Path) -> set[str]:

@@ -2,6 +2,7 @@
 `.venv-speculators/bin/python -m pytest tests/trainers`). Every test here is marked `trainers`."""
 
 import random
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -98,3 +99,20 @@ def captured(tmp_path_factory, verifier_dir) -> dict:
     out = root / "export" / "speculators"
     summary = export(shards, out, "speculators", model_path=verifier_dir, vocab_dir=vocab, draft_vocab_size=DRAFT_VOCAB)
     return {"shards": shards, "export": out, "summary": summary, "samples": samples, "vocab": vocab}
+
+
+@pytest.fixture(scope="session")
+def specforge_build(tmp_path_factory):
+    """build_specforge_export.py's output for an architecture ("demo" or "kimi"), built once per session
+    by the project's own venv and shared by test_specforge.py and test_evaluate.py (neither changes it)."""
+    built: dict[str, Path] = {}
+
+    def build(arch: str) -> Path:
+        if arch not in built:
+            out = tmp_path_factory.mktemp(arch)
+            command = [str(REPO / ".venv" / "bin" / "python"), str(Path(__file__).parent / "build_specforge_export.py")]
+            subprocess.run([*command, "--arch", arch, "--out", str(out)], check=True, capture_output=True, cwd=REPO)
+            built[arch] = out
+        return built[arch]
+
+    return build

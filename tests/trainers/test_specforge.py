@@ -20,8 +20,8 @@ What the CPU needs, and nothing of how SpecForge reads data:
 - `TORCHDYNAMO_DISABLE=1`: SpecForge wraps its RMSNorm, rotary and target-softmax functions in
   `torch.compile`, which works on the CPU but recompiles for every new sequence length (three
   minutes for the first step on this machine); disabled, the same functions run eagerly.
-- specforge_cpu/sitecustomize.py: its Triton loss kernel has no CPU backend, so `LogSoftmaxLoss`
-  runs the reference implementation the same module keeps (`_compute_loss`).
+- stages/evaluate/specforge_cpu/sitecustomize.py (the package's): its Triton loss kernel has no CPU
+  backend, so `LogSoftmaxLoss` runs the reference implementation the same module keeps (`_compute_loss`).
 """
 
 import ast
@@ -52,23 +52,15 @@ from specforge.runtime.data_plane.feature_store import LocalFeatureStore
 from specforge.training.model_loading import _generate_draft_config, resolve_draft_config
 
 from eagle3_datagen.formats.hidden_shard import HiddenShard
+from eagle3_datagen.stages.evaluate.draft import CPU_ENV, CPU_OVERRIDES
 from eagle3_datagen.stages.probe import LMHead
 
 pytestmark = pytest.mark.trainers
 
-HERE = Path(__file__).parent
-REPO = HERE.parents[1]
-PROJECT_PYTHON = REPO / ".venv" / "bin" / "python"
-CPU_OVERRIDES = ["training.attention_backend=sdpa", "training.fsdp_sharding=NO_SHARD", "data.dataloader_num_workers=0"]
-CPU_ENV = {"TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": str(HERE / "specforge_cpu")}
-
 
 @pytest.fixture(scope="module", params=["demo", "kimi"])
-def built(request, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp(request.param)
-    command = [str(PROJECT_PYTHON), str(HERE / "build_specforge_export.py"), "--arch", request.param, "--out", str(out)]
-    subprocess.run(command, check=True, capture_output=True, cwd=REPO)
-    return out
+def built(request, specforge_build) -> Path:
+    return specforge_build(request.param)
 
 
 def ours(built: Path, final: str) -> list[dict]:

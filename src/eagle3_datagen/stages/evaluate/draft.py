@@ -1,0 +1,130 @@
+"""A draft trained on an export by SpecForge 0.2.0's release, loaded by its own model class, and what
+SpecForge itself computes of it: its training-time (TTT) forward and its offline acceptance estimate.
+
+Runs in SpecForge's venv (`make specforge-env`: it pins transformers 5.8.1). On the CPU SpecForge runs as
+released but for documented substitutions, the same as tests/trainers/test_specforge.py's:
+- `specforge train` overrides it supports as they are (`CPU_OVERRIDES`): sdpa attention (its default
+  flex_attention has no CPU backward), no FSDP sharding (DDP over gloo), no dataloader workers;
+- `TORCHDYNAMO_DISABLE=1`: its `torch.compile`d helpers run eagerly (compiled, they recompile for every
+  sequence length);
+- its Triton loss kernel, which has no CPU backend, replaced by the reference implementation its own
+  module keeps (`specforge_on_cpu`; `specforge_cpu/sitecustomize.py` for its processes).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+SPECFORGE_CPU = Path(__file__).parent / "specforge_cpu"
+CPU_OVERRIDES = ["training.attention_backend=sdpa", "training.fsdp_sharding=NO_SHARD", "data.dataloader_num_workers=0"]
+CPU_ENV = {"TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": str(SPECFORGE_CPU)}
+
+
+def specforge_on_cpu() -> None:
+    """In this process, SpecForge as its CPU training processes run it: its Triton loss kernel (no CPU
+    backend) through the reference implementation its own module keeps, its `torch.compile`d helpers eager."""
+    from specforge.core import loss
+
+    torch._dynamo.config.disable = True
+    reference = getattr(loss._compute_loss, "_torchdynamo_orig_callable", loss._compute_loss)
+    loss.LogSoftmaxLoss.apply = staticmethod(reference)
+
+
+def train_draft(
+    export_dir: Path, out_dir: Path, steps: int, seed: int, batch_size: int, learning_rate: float, log: Path
+) -> Path:
+    """`specforge train` on the export's own `specforge.yaml` for `steps` steps at a fixed seed; returns
+    its checkpoint directory (`out_dir/run`, SpecForge's output_dir)."""
+    train = [str(Path(sys.executable).parent / "specforge"), "train", "--config", str(export_dir / "specforge.yaml")]
+    train += CPU_OVERRIDES
+    train += [f"training.max_steps={steps}", f"training.num_epochs={steps}", f"training.batch_size={batch_size}"]
+    train += [f"training.learning_rate={learning_rate}", "training.warmup_ratio=0", "training.lr_scheduler=constant"]
+    train += [f"training.seed={seed}", f"training.save_interval={steps}", "training.log_interval=1"]
+    train += [f"output_dir={out_dir / 'run'}", f"data.cache_dir={out_dir / 'cache'}"]
+    with open(log, "a") as out:
+        out.write(" ".join(train) + "\n")
+        out.flush()
+        env = {**os.environ, **CPU_ENV}
+        subprocess.run(train, check=True, env=env, cwd=out_dir, stdout=out, stderr=subprocess.STDOUT)
+    return out_dir / "run"
+
+
+def load_draft(run_dir: Path, export_dir: Path):
+    """The trained draft as SpecForge's own export builds it (`materialize_draft`: `AutoDraftModel.from_config`,
+    `LlamaForCausalLMEagle3`, the checkpoint's weights and the vocabulary mapping), the frozen embedding
+    from the target (`load_embedding`), in float32 (bf16 weights widen exactly). Not `from_pretrained`:
+    transformers builds the model on the meta device, which leaves SpecForge's rotary caches (non-persistent
+    buffers) uninitialised."""
+    from specforge.export.checkpoint_io import materialize_draft, resolve_training_state
+
+    model = yaml.safe_load((export_dir / "specforge.yaml").read_text())["model"]
+    draft = materialize_draft(
+        resolve_training_state(str(run_dir)),
+        model["draft_model_config"],
+        vocab_mapping_path=model.get("vocab_mapping_path"),
+    )
+    draft.load_embedding(model["target_model_path"], embedding_key=model["embedding_key"])
+    return draft.float().eval()
+
+
+@torch.no_grad()
+def training_forward(
+    draft, aux: torch.Tensor, ids: list[int], target_logits: torch.Tensor, loss_mask: list[int], length: int
+) -> dict:
+    """SpecForge's own training-time forward (`OnlineEagle3Model`, TTT unrolled `length` steps) on one
+    sequence, inputs prepared as its offline strategy does (`TargetHead.preprocess`: tokens and target
+    shifted left by one, the loss mask as the export stores it). Returns per TTT step k the draft's
+    predicted target tokens at every position (`predictions` [length, L]: row k, column t predicts
+    token t + 2 + k) and SpecForge's per-step correct and denominator counts over the loss mask."""
+    from specforge.algorithms.eagle3.model import OnlineEagle3Model
+    from specforge.utils import padding
+
+    predictions = []
+    compute_logits = draft.compute_logits
+
+    def recorded(hidden):
+        logits = compute_logits(hidden)
+        index = logits.argmax(-1)
+        predictions.append((index + draft.d2t[index])[0])
+        return logits
+
+    draft.compute_logits = recorded
+    try:
+        input_ids = padding(torch.tensor([ids]), left=False)
+        target = padding(target_logits[None].float(), left=False)
+        outputs = OnlineEagle3Model(draft, length=length, attention_backend="sdpa")(
+            input_ids=input_ids,
+            attention_mask=torch.ones(1, len(ids), dtype=torch.bool),
+            target=target,
+            loss_mask=torch.tensor([loss_mask])[..., None],
+            hidden_states=aux[None].float(),
+        )
+    finally:
+        del draft.compute_logits
+    corrects, denoms = outputs[3], outputs[4]
+    return {
+        "predictions": torch.stack(predictions),
+        "corrects": [float(c) for c in corrects],
+        "denoms": [float(d) for d in denoms],
+    }
+
+
+def trainer_estimate(corrects: list[float], denoms: list[float], steps: int) -> dict:
+    """SpecForge's offline estimate from counts summed over the held-out set, as its `Evaluator` sums
+    them: per-position accuracies and `simulated_acc_len` (no bonus token: + 1 to compare it with an
+    acceptance length), over all TTT positions and over the decoding's `steps` positions."""
+    from specforge.eval.evaluator import Evaluator
+
+    accuracies = [c / max(d, 1.0) for c, d in zip(corrects, denoms, strict=True)]
+    return {
+        "per_position_acc": accuracies,
+        "simulated_acc_len": Evaluator._simulated_acc_len(accuracies),
+        "simulated_acc_len_plus_1": Evaluator._simulated_acc_len(accuracies) + 1,
+        "simulated_acc_len_plus_1_at_steps": Evaluator._simulated_acc_len(accuracies[:steps]) + 1,
+    }

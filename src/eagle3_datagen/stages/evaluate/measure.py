@@ -1,0 +1,109 @@
+"""One partition's evaluation: a draft trained on its SpecForge export, its acceptance length measured by
+speculative decoding of the target on held-out prompts, SpecForge's own estimate beside it."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+import yaml
+from transformers import AutoModelForCausalLM
+
+from eagle3_datagen.stages.evaluate.draft import (
+    load_draft,
+    specforge_on_cpu,
+    train_draft,
+    trainer_estimate,
+    training_forward,
+)
+from eagle3_datagen.stages.evaluate.speculative import acceptance_length, speculative_decode, target_pass
+
+MEASURED_BY = "greedy chain speculative decoding in transformers on the CPU (top-k 1), not SGLang"
+ESTIMATED_BY = "SpecForge 0.2.0's simulated_acc_len + 1 over its training-time forward on the held-out outputs"
+
+
+def held_out_prompt(sample: dict) -> list[int]:
+    """The tokens before the sample's last loss-masked run (its last assistant turn): what the target answers."""
+    mask = sample["loss_mask"]
+    end = len(mask)
+    while end and not mask[end - 1]:
+        end -= 1
+    start = end
+    while start and mask[start - 1]:
+        start -= 1
+    if start == 0:
+        raise ValueError(f"sample {sample.get('id')}: no prompt before its last loss-masked tokens")
+    return list(sample["input_ids"][:start])
+
+
+def bootstrap_interval(
+    committed: list[int], steps: list[int], reps: int = 2000, seed: int = 0, level: float = 0.95
+) -> list[float]:
+    """Percentile bootstrap over prompts of summed committed tokens / summed verify steps."""
+    rng = random.Random(seed)
+    n = len(committed)
+    values = []
+    for _ in range(reps):
+        picks = [rng.randrange(n) for _ in range(n)]
+        values.append(sum(committed[i] for i in picks) / sum(steps[i] for i in picks))
+    values.sort()
+    tail = (1 - level) / 2
+    return [values[int(tail * (reps - 1))], values[int((1 - tail) * (reps - 1))]]
+
+
+def evaluate_partition(export_dir: Path, held_out: list[dict], work_dir: Path, settings: dict, log: Path) -> dict:
+    """Train (`settings`: train_steps, seed, batch_size, learning_rate), decode each held-out prompt
+    (spec_steps proposals a step, up to max_new_tokens) and estimate; returns the figures."""
+    torch.manual_seed(settings["seed"])
+    specforge_on_cpu()
+    torch.set_num_threads(1)  # the tiny CPU models' matrices: one thread beats two contending
+    run = train_draft(
+        export_dir,
+        work_dir,
+        settings["train_steps"],
+        settings["seed"],
+        settings["batch_size"],
+        settings["learning_rate"],
+        log,
+    )
+    draft = load_draft(run, export_dir)
+    aux_layers = json.loads((export_dir / "export.json").read_text())["aux_layers"]
+    target_path = yaml.safe_load((export_dir / "specforge.yaml").read_text())["model"]["target_model_path"]
+    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
+    eos = target.generation_config.eos_token_id
+    stop_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    steps, ttt_length = settings["spec_steps"], settings["ttt_length"]
+    decoded, corrects, denoms = [], [0.0] * ttt_length, [0.0] * ttt_length
+    for sample in held_out:
+        prompt = held_out_prompt(sample)
+        d = speculative_decode(target, draft, prompt, aux_layers, steps, settings["max_new_tokens"], stop_ids)
+        decoded.append(d)
+        sequence = prompt + d.tokens
+        aux, _ = target_pass(target, sequence, aux_layers)
+        with torch.no_grad():
+            logits = target(torch.tensor([sequence])).logits[0]
+        mask = [0] * len(prompt) + [1] * len(d.tokens)
+        forward = training_forward(draft, aux, sequence, logits, mask, ttt_length)
+        corrects = [a + b for a, b in zip(corrects, forward["corrects"], strict=True)]
+        denoms = [a + b for a, b in zip(denoms, forward["denoms"], strict=True)]
+    accepted = [a for d in decoded for a in d.accepted]
+    return {
+        "acceptance_length": acceptance_length(decoded),
+        "interval_95": bootstrap_interval(
+            [d.committed for d in decoded if d.accepted], [len(d.accepted) for d in decoded if d.accepted]
+        ),
+        "measured_by": MEASURED_BY,
+        "prompts": len(decoded),
+        "verify_steps": len(accepted),
+        "committed_tokens": sum(d.committed for d in decoded),
+        # how often the k-th proposal was accepted, k = 1..steps
+        "acceptance_by_position": [sum(a >= k for a in accepted) / len(accepted) for k in range(1, steps + 1)],
+        "per_prompt": [
+            {"id": s.get("id"), "acceptance_length": d.acceptance_length, "accepted": d.accepted}
+            for s, d in zip(held_out, decoded, strict=True)
+        ],
+        "trainer_estimate": {"estimated_by": ESTIMATED_BY, **trainer_estimate(corrects, denoms, steps)},
+        "settings": settings,
+    }
