@@ -3,7 +3,9 @@
 
 import argparse
 import logging
+import sys
 
+from eagle3_datagen.formats.files import DiskFull, reporting_full_disk
 from eagle3_datagen.stages.export import FORMATS, export
 
 
@@ -17,14 +19,19 @@ def main() -> None:
     p.add_argument("--draft-vocab-size", type=int, help="the draft vocabulary's size (entries of that d2t.npy)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO)
-    summary = export(
-        args.hidden,
-        args.out,
-        args.format,
-        model_path=args.model,
-        vocab_dir=args.vocab,
-        draft_vocab_size=args.draft_vocab_size,
-    )
+    try:
+        with reporting_full_disk(args.out):
+            summary = export(
+                args.hidden,
+                args.out,
+                args.format,
+                model_path=args.model,
+                vocab_dir=args.vocab,
+                draft_vocab_size=args.draft_vocab_size,
+            )
+    except DiskFull as e:
+        logging.getLogger("export").error("%s", e)
+        sys.exit(1)
     logging.getLogger("export").info("%s", summary)
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from eagle3_datagen.backends.base import CaptureBackend, ServerError
 from eagle3_datagen.backends.node_service import SERVICE_DIR_ENV, Lease, Service, mark_loaded, pid_alive, using
-from eagle3_datagen.formats.files import read_json, read_jsonl, write_json
+from eagle3_datagen.formats.files import DiskFull, read_json, read_jsonl, reporting_full_disk, write_json
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +141,16 @@ def _capture_request(request: dict, capture: CaptureBackend, requests: Path) -> 
         log.info("capturing %s into %s for job %s", request["tokens"], request["out"], request["pid"])
         samples = read_jsonl(request["tokens"])
         job_gone = lambda: not pid_alive(request["pid"])  # noqa: E731
-        index = capture_shard(samples, request["out"], capture, request["settings"], cancelled=job_gone)
+        with reporting_full_disk(request["out"]):
+            index = capture_shard(samples, request["out"], capture, request["settings"], cancelled=job_gone)
         outcome = {"status": "done", "samples": len(samples), "index": index is not None}
     except ShardCancelled as e:
         log.warning("%s", e)
         outcome = {"status": "cancelled"}
+    except DiskFull as e:
+        # The job's log says why and what to do; the traceback stays in the runner's log.
+        outcome = {"status": "failed", "error": str(e)}
+        raise
     except Exception:
         # The ranks may be out of step: this runner stops, the next job loads a fresh one.
         outcome = {"status": "failed", "error": traceback.format_exc()}

@@ -6,6 +6,7 @@ import contextlib
 import logging
 
 from eagle3_datagen.backends.base import MissingApiKey, ServerError
+from eagle3_datagen.formats.files import DiskFull, reporting_full_disk
 from eagle3_datagen.stages.responses.conversation import run_responses
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
 
@@ -35,17 +36,22 @@ def run_response_job(
         from eagle3_datagen.backends.hf.generate import HFBackend
 
         hf = HFBackend(model["path"], settings["sampling"], settings["hf"], model)
-        for prompts, out, stats in shards:
-            run_responses(prompts, out, stats, hf, provenance)
+        try:
+            for prompts, out, stats in shards:
+                with reporting_full_disk(out):
+                    run_responses(prompts, out, stats, hf, provenance)
+        except DiskFull as e:
+            raise JobError(str(e)) from None
         return
     try:
         with _server(settings, server_log, provenance):
             for prompts, out, stats in shards:
-                result = run_journaled_responses(
-                    prompts, out, stats, _api_backend(settings), budgets_from(settings), provenance=provenance
-                )
+                with reporting_full_disk(out):
+                    result = run_journaled_responses(
+                        prompts, out, stats, _api_backend(settings), budgets_from(settings), provenance=provenance
+                    )
                 log.info("%s: %s", out, {k: result[k] for k in ("prompts", "status", "usage")})
-    except (IncompleteRun, MissingApiKey, ServerError) as e:
+    except (IncompleteRun, MissingApiKey, ServerError, DiskFull) as e:
         raise JobError(str(e)) from None
 
 
