@@ -104,6 +104,8 @@ def test_a_full_disk_during_capture_fails_the_job_saying_so_and_the_rerun_keeps_
     written = json.loads((out / "index.json").read_text())
     assert written["parts"] == reference["parts"]  # the same bytes as an uninterrupted capture
     assert HiddenShard(out).ids == [s["id"] for s in samples]
+    parts = len(written["parts"])
+    print(f"\ncapture on a full disk: parts kept {len(kept)} of {parts}, recomputed {parts - len(kept)}")
 
 
 def test_a_full_disk_during_the_responses_journal_loses_no_prompt(tmp_path, disk, qwen_tokenizer):

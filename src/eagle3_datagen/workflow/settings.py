@@ -116,6 +116,8 @@ KINDS: dict[str, str] = {
             "inference.sglang.launch.health_timeout",
             "inference.sglang.launch.stop_timeout",
             "inference.sglang.launch.idle_timeout",
+            "inference.sglang.launch.hang_timeout",
+            "inference.sglang.launch.max_service_restarts",
             "inference.sglang.tiers.short.concurrency",
             "inference.sglang.tiers.long.concurrency",
             "inference.sglang.retry.max_attempts",

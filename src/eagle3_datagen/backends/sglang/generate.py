@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +58,15 @@ def _check_generation(body: dict) -> None:
 class SGLangBackend:
     name = "sglang"
 
-    def __init__(self, model_path: str | Path, sampling: dict, settings: dict, model_settings: dict):
+    def __init__(
+        self,
+        model_path: str | Path,
+        sampling: dict,
+        settings: dict,
+        model_settings: dict,
+        server_alive: Callable[[], bool] | None = None,
+    ):
+        """`server_alive`: for the server this job launched, whether it still runs (see JsonClient)."""
         self.model_path = Path(model_path)
         self.model = settings.get("served_model") or self.model_path.name
         self.chat = RenderedChat(model_path, model_settings)
@@ -72,6 +81,7 @@ class SGLangBackend:
             self.concurrency,
             settings.get("request_timeout", 3600),
             RetryPolicy.from_config(settings.get("retry", {})),
+            server_alive=server_alive,
         )
         self._slots = {
             self.short.name: asyncio.Semaphore(self.short.concurrency),

@@ -96,5 +96,6 @@ def server_service(model_path: str | Path, url: str, launch: dict, log_path: str
         ready_timeout=launch.get("health_timeout", 1800),
         idle_timeout=launch.get("idle_timeout", 120),
         stop_timeout=launch.get("stop_timeout", 60),
+        hang_timeout=launch.get("hang_timeout", 300),
         gpus=gpus,
     )

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 LOG = "logs/capture_runner/runner.log"
 POLL_S = 0.5
+RERUN = "rerun the job once the cause is fixed: the shard's complete parts are kept, the rest is captured"
 # What the runner's loaded model depends on; the other hidden-state settings (storage, thresholds) are
 # each shard's own.
 LOAD_KEYS = ("backend", "aux_layers", "final", "max_batch_tokens", "hf", "sglang")
@@ -188,7 +189,10 @@ def capture_with_runner(
                 raise ServerError(str(gone)) from None
             log.warning("the capture runner exited before it took this shard; starting a fresh one")
     if outcome["status"] != "done":
-        raise CaptureFailed(f"the capture runner failed on {tokens}:\n{outcome.get('error', outcome)}")
+        raise CaptureFailed(
+            f"the capture runner failed on {tokens}:\n{outcome.get('error', outcome)}\n"
+            f"It stopped (the next job starts a fresh one); {RERUN}"
+        )
 
 
 class _RunnerGone(Exception):
@@ -225,5 +229,5 @@ def _wait(lease: Lease, requests: Path, rid: str) -> dict:
             message = f"the capture runner exited while capturing ({lease.log}):\n{lease.log_tail()}"
             if not shard_log.exists():  # the runner opens the shard's log when it takes the request
                 raise _RunnerGone(message)
-            raise ServerError(message)
+            raise ServerError(f"{message}\n{RERUN}")
         time.sleep(POLL_S)

@@ -43,23 +43,45 @@ def run_response_job(
         except DiskFull as e:
             raise JobError(str(e)) from None
         return
+    pending = list(shards)
+    restarts = ((settings.get("sglang") or {}).get("launch") or {}).get("max_service_restarts", 2)
     try:
-        with _server(settings, server_log, provenance):
-            for prompts, out, stats in shards:
-                with reporting_full_disk(out):
-                    result = run_journaled_responses(
-                        prompts, out, stats, _api_backend(settings), budgets_from(settings), provenance=provenance
-                    )
-                log.info("%s: %s", out, {k: result[k] for k in ("prompts", "status", "usage")})
+        for restart in range(restarts + 1):
+            with _server(settings, server_log, provenance) as lease:
+                try:
+                    while pending:
+                        prompts, out, stats = pending[0]
+                        backend = _api_backend(settings, lease.running if lease else None)
+                        with reporting_full_disk(out):
+                            result = run_journaled_responses(
+                                prompts, out, stats, backend, budgets_from(settings), provenance=provenance
+                            )
+                        log.info("%s: %s", out, {k: result[k] for k in ("prompts", "status", "usage")})
+                        pending.pop(0)
+                    return
+                except IncompleteRun as e:
+                    if lease is None or lease.running():
+                        raise
+                    # The node's server died, or was killed as hung: transient (a CUDA error, an OOM kill).
+                    died = f"{e}\nThe node's SGLang server exited during the shard (its log: {lease.log}):\n"
+                    if restart == restarts:
+                        raise JobError(
+                            f"{died}{lease.log_tail()}\nIt exited {restarts + 1} times in this job "
+                            f"(inference.sglang.launch.max_service_restarts={restarts}): fix the cause its log "
+                            "names and rerun; the journal keeps every finished prompt"
+                        ) from None
+                    log.warning("%sstarting it again (restart %d of %d)", died, restart + 1, restarts)
     except (IncompleteRun, MissingApiKey, ServerError, DiskFull) as e:
         raise JobError(str(e)) from None
 
 
-def _api_backend(settings: dict):
+def _api_backend(settings: dict, server_alive=None):
+    """`server_alive`: whether the SGLang server this job launched still runs (None: not launched here)."""
     if settings["backend"] == "sglang":
         from eagle3_datagen.backends.sglang.generate import SGLangBackend
 
-        return SGLangBackend(settings["model"]["path"], settings["sampling"], settings["sglang"], settings["model"])
+        sglang = settings["sglang"]
+        return SGLangBackend(settings["model"]["path"], settings["sampling"], sglang, settings["model"], server_alive)
     if settings["backend"] == "openrouter":
         from eagle3_datagen.backends.openrouter import OpenRouterBackend
 
