@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_datagen.backends.base import RetryableError, ServerError, Turn
+from eagle3_datagen.backends.base import RetryableError, ServerError, ServerGone, Turn
 from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
 from eagle3_datagen.backends.rendered import RenderedChat
@@ -100,6 +100,8 @@ class SGLangBackend:
 
     async def __aenter__(self) -> SGLangBackend:
         await self.client.open()
+        if self.client.server_alive is not None and not self.client.server_alive():
+            raise ServerGone(f"the server at {self.url} is gone")  # died between two shards of the job
         await asyncio.to_thread(wait_healthy, self.url, self.health_timeout)
         await self._check_model()
         return self

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from eagle3_datagen.backends.base import MissingApiKey, ServerError
+from eagle3_datagen.backends.base import MissingApiKey, ServerError, ServerGone
 from eagle3_datagen.formats.files import DiskFull, reporting_full_disk
 from eagle3_datagen.stages.responses.conversation import run_responses
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
@@ -59,7 +59,7 @@ def run_response_job(
                         log.info("%s: %s", out, {k: result[k] for k in ("prompts", "status", "usage")})
                         pending.pop(0)
                     return
-                except IncompleteRun as e:
+                except (IncompleteRun, ServerGone) as e:
                     if lease is None or lease.running():
                         raise
                     # The node's server died, or was killed as hung: transient (a CUDA error, an OOM kill).
@@ -71,7 +71,7 @@ def run_response_job(
                             "names and rerun; the journal keeps every finished prompt"
                         ) from None
                     log.warning("%sstarting it again (restart %d of %d)", died, restart + 1, restarts)
-    except (IncompleteRun, MissingApiKey, ServerError, DiskFull) as e:
+    except (IncompleteRun, MissingApiKey, ServerError, ServerGone, DiskFull) as e:
         raise JobError(str(e)) from None
 
 
