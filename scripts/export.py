@@ -5,6 +5,7 @@ import argparse
 import logging
 
 from eagle3_datagen import cli
+from eagle3_datagen.formats.files import reporting_full_disk
 from eagle3_datagen.stages.export import FORMATS, export
 
 
@@ -18,14 +19,15 @@ def main() -> None:
     p.add_argument("--draft-vocab-size", type=int, help="the draft vocabulary's size (entries of that d2t.npy)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO)
-    summary = export(
-        args.hidden,
-        args.out,
-        args.format,
-        model_path=args.model,
-        vocab_dir=args.vocab,
-        draft_vocab_size=args.draft_vocab_size,
-    )
+    with reporting_full_disk(args.out):
+        summary = export(
+            args.hidden,
+            args.out,
+            args.format,
+            model_path=args.model,
+            vocab_dir=args.vocab,
+            draft_vocab_size=args.draft_vocab_size,
+        )
     logging.getLogger("export").info("%s", summary)
 
 

@@ -1,7 +1,9 @@
-"""Only GPU tests may skip, and each skip says why (`-ra` prints it in the summary).
+"""Only GPU tests and tests that mount a filesystem may skip, and each skip says why (`-ra` prints it
+in the summary).
 
-A test marked `gpu` is skipped where torch sees no CUDA device; any other test that skips fails,
-so a test that can run on the CPU never passes unnoticed as a skip.
+A test marked `gpu` is skipped where torch sees no CUDA device, one marked `mount` where the machine
+refuses its mount (not root); any other test that skips fails, so a test that can run on the CPU
+never passes unnoticed as a skip.
 """
 
 import pytest
@@ -27,7 +29,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     report = (yield).get_result()
-    if report.skipped and item.get_closest_marker("gpu") is None:
+    if report.skipped and item.get_closest_marker("gpu") is None and item.get_closest_marker("mount") is None:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
-        report.longrepr = f"{item.nodeid} skipped ({reason}), but only tests marked gpu may skip"
+        report.longrepr = f"{item.nodeid} skipped ({reason}), but only tests marked gpu or mount may skip"

@@ -101,7 +101,7 @@ def test_a_job_killed_with_9_cancels_its_shard_and_its_rerun_resumes_in_the_same
 def test_a_failed_shard_fails_its_job_and_a_runner_for_other_settings_replaces_this_one(tmp_path, node, tiny_model_dir):
     write_jsonl_zst(tmp_path / "t.jsonl.zst", make_samples(4))
     missing = hidden_job(tmp_path, tmp_path / "missing.jsonl.zst", tmp_path / "o1", settings(tiny_model_dir))
-    assert missing.wait() == 1
+    assert missing.wait() == 2  # a user error: one line, exit 2
     job_log = (tmp_path / "o1.log").read_text()
     assert "the capture runner failed on" in job_log and "FileNotFoundError" in job_log
     assert "missing.jsonl.zst" in job_log

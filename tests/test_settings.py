@@ -162,6 +162,8 @@ def coverage_config(hidden_backend: str) -> dict:
             "health_timeout": 1800,
             "stop_timeout": 60,
             "idle_timeout": 120,
+            "hang_timeout": 300,
+            "max_service_restarts": 2,
         },
         "tiers": {
             "short": {"concurrency": 256, "max_tokens": 48, "max_prompt_tokens": 4096},

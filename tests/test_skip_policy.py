@@ -26,7 +26,7 @@ def test_only_gpu_tests_skip_and_every_skip_says_why(pytester, monkeypatch):
     result.assert_outcomes(passed=1, skipped=1, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*test_that_skips_on_cpu skipped (Skipped: no reason to run), but only tests marked gpu may skip*",
+            "*test_that_skips_on_cpu skipped (Skipped: no reason to run), but only tests marked gpu or mount may skip*",
             "*SKIPPED*GPU-only: torch.cuda.is_available() is False on this machine*",
         ]
     )

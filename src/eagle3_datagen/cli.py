@@ -14,7 +14,7 @@ from pathlib import Path
 
 from eagle3_datagen.backends.base import MissingApiKey, ServerError, StopRun
 from eagle3_datagen.formats.checksums import ChecksumError
-from eagle3_datagen.formats.files import InputError
+from eagle3_datagen.formats.files import DiskFull, InputError
 from eagle3_datagen.workflow.settings import RUN_SETTINGS_ENV, merged
 
 
@@ -22,10 +22,19 @@ class SnakemakeFailed(RuntimeError):
     """A Snakemake run that a script started failed; the message says why."""
 
 
-# Errors whose message tells the user what to fix: bad input, a missing file or key, a model server
+# Errors whose message tells the user what to fix: bad input, a full disk, a missing file or key, a model server
 # that is not there. A script adds its stage's own (a failed check, a stopped budget, a chat template
 # that does not fit) where it calls `run`: importing them here would import every stage.
-USER_ERRORS = (InputError, ChecksumError, FileNotFoundError, MissingApiKey, ServerError, StopRun, SnakemakeFailed)
+USER_ERRORS = (
+    InputError,
+    DiskFull,
+    ChecksumError,
+    FileNotFoundError,
+    MissingApiKey,
+    ServerError,
+    StopRun,
+    SnakemakeFailed,
+)
 USER_ERROR_EXIT = 2
 
 

@@ -180,6 +180,11 @@ class StopRun(Exception):
     """No further request can succeed; the message says what to do."""
 
 
+class ServerGone(StopRun):
+    """The server this job started (the node's service) exited, or was killed as hung, with requests in
+    flight: none of them is recorded, and the job may start it again."""
+
+
 class MissingApiKey(RuntimeError):
     """The API key's environment variable is not set: no request is sent."""
 

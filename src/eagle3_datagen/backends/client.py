@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import aiohttp
 
-from eagle3_datagen.backends.base import RetryableError
+from eagle3_datagen.backends.base import RetryableError, ServerGone
 from eagle3_datagen.backends.http import RetryPolicy, classify, parse_retry_after
 
 
 class JsonClient:
-    def __init__(self, base_url: str, connections: int, timeout_s: float, retry: RetryPolicy, headers=None):
+    def __init__(
+        self,
+        base_url: str,
+        connections: int,
+        timeout_s: float,
+        retry: RetryPolicy,
+        headers=None,
+        server_alive: Callable[[], bool] | None = None,
+    ):
+        """`server_alive`: for a server this job started, whether it still runs; a request that fails
+        to connect once it does not raises ServerGone instead of being retried."""
         self.base_url = base_url.rstrip("/")
+        self.server_alive = server_alive
         self.connections = connections
         self.timeout_s = timeout_s
         self.retry = retry
@@ -42,6 +55,8 @@ class JsonClient:
                 if resp.status != 200:
                     raise classify(resp.status, body, parse_retry_after(resp.headers.get("Retry-After")))
         except (TimeoutError, aiohttp.ClientError) as e:
+            if self.server_alive is not None and not self.server_alive():
+                raise ServerGone(f"the server at {self.base_url} is gone ({type(e).__name__}: {e})") from None
             raise RetryableError(f"{type(e).__name__}: {e}") from None
         check(body)
         return body

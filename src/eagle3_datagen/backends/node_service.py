@@ -8,7 +8,10 @@ same kind with other settings) asks the running one to stop, waits until no job 
 its own. The supervisor stops its service once no registered job is alive for `idle_timeout` seconds,
 at once when asked (`request_stop`: the workflow's onsuccess/onerror where Snakemake runs on the
 node), and on SIGTERM. A job killed with -9 counts as gone (its pid is dead), so a rerun finds the
-service still up and uses it again.
+service still up and uses it again. A service with a health URL that stops answering it for
+`hang_timeout` seconds once ready (it accepts connections and never answers) is taken as hung and
+killed; a service that exits (or is killed) takes its record with it, so its jobs see it gone
+(`Lease.running`) and may start a fresh one.
 
 Nothing of this is in Snakemake's DAG: a service is no job's input or output, so adding a shard
 reschedules no finished one.
@@ -36,6 +39,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -51,6 +55,8 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5
 # How long a job waits for the node's other service to be left by its jobs before it gives up.
 HANDOVER_TIMEOUT_S = 600
+# How often a ready service's health URL is asked whether it still answers (`hang_timeout`).
+LIVENESS_INTERVAL_S = 5.0
 # A service that has no health URL says it is ready by creating this file in the directory it is given.
 SERVICE_DIR_ENV = "EAGLE3_DATAGEN_SERVICE_DIR"
 LOADED = "loaded"
@@ -79,6 +85,7 @@ class Service:
     ready_timeout: float = 1800.0
     idle_timeout: float = 120.0
     stop_timeout: float = 60.0
+    hang_timeout: float | None = None  # once ready, killed as hung when its health URL is silent this long
     gpus: int = 0  # under SLURM, the GPUs its job step asks for
 
 
@@ -282,11 +289,31 @@ def mark_loaded() -> None:
     (Path(os.environ[SERVICE_DIR_ENV]) / LOADED).touch()
 
 
-def healthy(url: str) -> bool:
-    """Whether the HTTP server at `url` answers GET /health with 200."""
-    with contextlib.suppress(OSError), urllib.request.urlopen(url.rstrip("/") + "/health", timeout=5) as response:
+def healthy(url: str, timeout: float = 5.0) -> bool:
+    """Whether the HTTP server at `url` answers GET /health with 200 within `timeout` s."""
+    with contextlib.suppress(OSError), urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as response:
         return response.status == 200
     return False
+
+
+class _Liveness(threading.Thread):
+    """Asks a ready service's health URL every LIVENESS_INTERVAL_S s, beside the supervisor's loop (a
+    hung server holds each question up to its timeout); `silent_for` is the time since it last answered."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.url = url
+        self.answered = time.monotonic()
+
+    def run(self) -> None:
+        while True:
+            # longer than SGLang's own health check waits for its scheduler (20 s) before it says 503
+            if healthy(self.url, timeout=30):
+                self.answered = time.monotonic()
+            time.sleep(LIVENESS_INTERVAL_S)
+
+    def silent_for(self) -> float:
+        return time.monotonic() - self.answered
 
 
 def _ready(service: Service, directory: Path) -> bool:
@@ -296,7 +323,8 @@ def _ready(service: Service, directory: Path) -> bool:
 @contextlib.contextmanager
 def process_group(command: list[str], output, stop_timeout: float, env: dict | None = None):
     """`command` in a process group of its own for the duration of the block, then stopped: SIGTERM to
-    the whole group (a server's or torchrun's workers too), SIGKILL after `stop_timeout` s."""
+    the whole group (a server's or torchrun's workers too), SIGKILL after `stop_timeout` s. A group whose
+    leader died first (kill -9, an OOM kill) is killed whole: its workers would hold the port and GPUs."""
     process = subprocess.Popen(
         command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
     )
@@ -309,9 +337,11 @@ def process_group(command: list[str], output, stop_timeout: float, env: dict | N
             try:
                 process.wait(timeout=stop_timeout)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+                process.kill()
+        # The group's id is its leader's pid, never reused while a member lives.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def supervise(service: Service, token: str) -> None:
@@ -369,13 +399,26 @@ def _record_of(directory: Path, token: str) -> dict | None:
 def _serve(service: Service, directory: Path, token: str, process, started: float, running) -> None:
     ready = False
     idle_since = time.monotonic()
+    liveness = None
     while process.poll() is None:
         if not ready and _ready(service, directory):
             ready = True
             log.info("%s ready after %.1f s", service.name, time.monotonic() - started)
             (directory / READY).write_text(token)
+            if service.health_url and service.hang_timeout:
+                liveness = _Liveness(service.health_url)
+                liveness.start()
         elif not ready and time.monotonic() - started > service.ready_timeout:
             raise ServiceError(f"the {service.name} was not ready after {service.ready_timeout} s")
+        if liveness is not None and liveness.silent_for() > service.hang_timeout:
+            # SIGKILL, not SIGTERM: a stopped process would hold a SIGTERM until it runs again.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise ServiceError(
+                f"the {service.name} did not answer {service.health_url}/health for {liveness.silent_for():.0f} s "
+                f"(hang_timeout {service.hang_timeout} s): taken as hung and killed; see {service.log}"
+            )
         if _live_users(directory):
             idle_since = time.monotonic()
         elif (directory / STOP).exists() or time.monotonic() - idle_since > service.idle_timeout:

@@ -8,6 +8,7 @@ looks finished.
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import io
 import json
@@ -50,6 +51,47 @@ def _create_beside(path: Path, make) -> Path:
 
 def _create_file(path: Path) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+
+
+class DiskFull(OSError):
+    """A write found its filesystem full (or the user's quota spent); the message names the path, the
+    space left there and what to do."""
+
+
+@contextlib.contextmanager
+def reporting_full_disk(path: str | os.PathLike) -> Iterator[None]:
+    """Raise a write's "No space left on device" (or "Disk quota exceeded") in the block as DiskFull,
+    naming `path` (what was being written), its filesystem and the space left on it."""
+    try:
+        yield
+    except DiskFull:
+        raise
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DiskFull(e.errno, full_disk_message(path, e)) from e
+
+
+def full_disk_message(path: str | os.PathLike, error: OSError) -> str:
+    existing = Path(path).resolve()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    mount = existing
+    while not os.path.ismount(mount):
+        mount = mount.parent
+    usage = shutil.disk_usage(existing)
+    return (
+        f"{os.strerror(error.errno)} writing {path}: {_size(usage.free)} free of {_size(usage.total)} on the "
+        f"filesystem at {mount}. Free space there (or move the results to a larger disk) and rerun: what is "
+        "complete is kept, and the rerun continues from it"
+    )
+
+
+def _size(n: int) -> str:
+    for scale, unit in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
 
 
 @contextlib.contextmanager

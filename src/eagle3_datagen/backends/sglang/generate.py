@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_datagen.backends.base import RetryableError, ServerError, Turn
+from eagle3_datagen.backends.base import RetryableError, ServerError, ServerGone, Turn
 from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
 from eagle3_datagen.backends.rendered import RenderedChat
@@ -57,7 +58,15 @@ def _check_generation(body: dict) -> None:
 class SGLangBackend:
     name = "sglang"
 
-    def __init__(self, model_path: str | Path, sampling: dict, settings: dict, model_settings: dict):
+    def __init__(
+        self,
+        model_path: str | Path,
+        sampling: dict,
+        settings: dict,
+        model_settings: dict,
+        server_alive: Callable[[], bool] | None = None,
+    ):
+        """`server_alive`: for the server this job launched, whether it still runs (see JsonClient)."""
         self.model_path = Path(model_path)
         self.model = settings.get("served_model") or self.model_path.name
         self.chat = RenderedChat(model_path, model_settings)
@@ -72,6 +81,7 @@ class SGLangBackend:
             self.concurrency,
             settings["request_timeout"],
             RetryPolicy.from_config(settings["retry"]),
+            server_alive=server_alive,
         )
         self._slots = {
             self.short.name: asyncio.Semaphore(self.short.concurrency),
@@ -90,6 +100,8 @@ class SGLangBackend:
 
     async def __aenter__(self) -> SGLangBackend:
         await self.client.open()
+        if self.client.server_alive is not None and not self.client.server_alive():
+            raise ServerGone(f"the server at {self.url} is gone")  # died between two shards of the job
         await asyncio.to_thread(wait_healthy, self.url, self.health_timeout)
         await self._check_model()
         return self

@@ -95,5 +95,6 @@ def server_service(model_path: str | Path, url: str, launch: dict, log_path: str
         ready_timeout=launch["health_timeout"],
         idle_timeout=launch["idle_timeout"],
         stop_timeout=launch["stop_timeout"],
+        hang_timeout=launch["hang_timeout"],
         gpus=gpus,
     )

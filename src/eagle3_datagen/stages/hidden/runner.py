@@ -28,12 +28,13 @@ from pathlib import Path
 
 from eagle3_datagen.backends.base import CaptureBackend, ServerError
 from eagle3_datagen.backends.node_service import SERVICE_DIR_ENV, Lease, Service, mark_loaded, pid_alive, using
-from eagle3_datagen.formats.files import read_json, read_jsonl, write_json
+from eagle3_datagen.formats.files import DiskFull, read_json, read_jsonl, reporting_full_disk, write_json
 
 log = logging.getLogger(__name__)
 
 LOG = "logs/capture_runner/runner.log"
 POLL_S = 0.5
+RERUN = "rerun the job once the cause is fixed: the shard's complete parts are kept, the rest is captured"
 # What the runner's loaded model depends on; the other hidden-state settings (storage, thresholds) are
 # each shard's own.
 LOAD_KEYS = ("backend", "aux_layers", "final", "max_batch_tokens", "hf", "sglang")
@@ -140,11 +141,16 @@ def _capture_request(request: dict, capture: CaptureBackend, requests: Path) -> 
         log.info("capturing %s into %s for job %s", request["tokens"], request["out"], request["pid"])
         samples = read_jsonl(request["tokens"])
         job_gone = lambda: not pid_alive(request["pid"])  # noqa: E731
-        index = capture_shard(samples, request["out"], capture, request["settings"], cancelled=job_gone)
+        with reporting_full_disk(request["out"]):
+            index = capture_shard(samples, request["out"], capture, request["settings"], cancelled=job_gone)
         outcome = {"status": "done", "samples": len(samples), "index": index is not None}
     except ShardCancelled as e:
         log.warning("%s", e)
         outcome = {"status": "cancelled"}
+    except DiskFull as e:
+        # The job's log says why and what to do; the traceback stays in the runner's log.
+        outcome = {"status": "failed", "error": str(e)}
+        raise
     except Exception:
         # The ranks may be out of step: this runner stops, the next job loads a fresh one.
         outcome = {"status": "failed", "error": traceback.format_exc()}
@@ -182,7 +188,12 @@ def capture_with_runner(
                 raise ServerError(str(gone)) from None
             log.warning("the capture runner exited before it took this shard; starting a fresh one")
     if outcome["status"] != "done":
-        raise CaptureFailed(f"the capture runner failed on {tokens}:\n{outcome.get('error', outcome)}")
+        error = str(outcome.get("error", outcome)).strip()
+        # The cause first (a traceback's last line), since the console shows the first line.
+        raise CaptureFailed(
+            f"the capture runner failed on {tokens}: {error.splitlines()[-1]}\n{error}\n"
+            f"It stopped (the next job starts a fresh one); {RERUN}"
+        )
 
 
 class _RunnerGone(Exception):
@@ -219,5 +230,5 @@ def _wait(lease: Lease, requests: Path, rid: str) -> dict:
             message = f"the capture runner exited while capturing ({lease.log}):\n{lease.log_tail()}"
             if not shard_log.exists():  # the runner opens the shard's log when it takes the request
                 raise _RunnerGone(message)
-            raise ServerError(message)
+            raise ServerError(f"{message}\n{RERUN}")
         time.sleep(POLL_S)

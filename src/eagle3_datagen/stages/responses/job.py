@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from eagle3_datagen.backends.base import MissingApiKey, ServerError
+from eagle3_datagen.backends.base import MissingApiKey, ServerError, ServerGone
+from eagle3_datagen.formats.files import DiskFull, reporting_full_disk
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
 
 log = logging.getLogger(__name__)
@@ -28,21 +29,44 @@ def run_response_job(
     """`shards`: (prompts, out, stats) paths. `settings`: the job's response settings (the rule's merged
     with the run-only ones); `run_settings`: those run-only ones, recorded in each shard's stats."""
     provenance = {"run_settings": (run_settings or {}).get(settings["backend"]) or {}}
+    launch = settings["sglang"].get("launch") if settings["backend"] == "sglang" else None
+    restarts = launch["max_service_restarts"] if launch else 0
+    pending = list(shards)
     try:
-        with _server(settings, server_log, provenance):
-            # hf's model loads once for every shard; an HTTP backend's session and slots belong to one
-            # event loop (one shard's), so each shard gets its own.
-            shared = _backend(settings) if settings["backend"] == "hf" else None
-            for prompts, out, stats in shards:
-                result = run_journaled_responses(
-                    prompts, out, stats, shared or _backend(settings), budgets_from(settings), provenance=provenance
-                )
-                log.info("%s: %s", out, {k: result[k] for k in ("prompts", "status", "usage")})
-    except (IncompleteRun, MissingApiKey, ServerError) as e:
+        # hf's model loads once for every shard; an HTTP backend's session and slots belong to one
+        # event loop (one shard's), so each shard gets its own.
+        shared = _backend(settings) if settings["backend"] == "hf" else None
+        for restart in range(restarts + 1):
+            with _server(settings, server_log, provenance) as lease:
+                try:
+                    while pending:
+                        prompts, out, stats = pending[0]
+                        backend = shared or _backend(settings, lease.running if lease else None)
+                        with reporting_full_disk(out):
+                            result = run_journaled_responses(
+                                prompts, out, stats, backend, budgets_from(settings), provenance=provenance
+                            )
+                        log.info("%s: %s", out, {k: result[k] for k in ("prompts", "status", "usage")})
+                        pending.pop(0)
+                    return
+                except (IncompleteRun, ServerGone) as e:
+                    if lease is None or lease.running():
+                        raise
+                    # The node's server died, or was killed as hung: transient (a CUDA error, an OOM kill).
+                    died = f"{e}\nThe node's SGLang server exited during the shard (its log: {lease.log}):\n"
+                    if restart == restarts:
+                        raise JobError(
+                            f"{died}{lease.log_tail()}\nIt exited {restarts + 1} times in this job "
+                            f"(inference.sglang.launch.max_service_restarts={restarts}): fix the cause its log "
+                            "names and rerun; the journal keeps every finished prompt"
+                        ) from None
+                    log.warning("%sstarting it again (restart %d of %d)", died, restart + 1, restarts)
+    except (IncompleteRun, MissingApiKey, ServerError, ServerGone, DiskFull) as e:
         raise JobError(str(e)) from None
 
 
-def _backend(settings: dict):
+def _backend(settings: dict, server_alive=None):
+    """`server_alive`: whether the SGLang server this job launched still runs (None: not launched here)."""
     if settings["backend"] == "hf":
         from eagle3_datagen.backends.hf.generate import HFBackend
 
@@ -50,7 +74,8 @@ def _backend(settings: dict):
     if settings["backend"] == "sglang":
         from eagle3_datagen.backends.sglang.generate import SGLangBackend
 
-        return SGLangBackend(settings["model"]["path"], settings["sampling"], settings["sglang"], settings["model"])
+        sglang = settings["sglang"]
+        return SGLangBackend(settings["model"]["path"], settings["sampling"], sglang, settings["model"], server_alive)
     if settings["backend"] == "openrouter":
         from eagle3_datagen.backends.openrouter import OpenRouterBackend
 
