@@ -19,6 +19,7 @@ from pathlib import Path
 
 from eagle3_datagen.backends import node_service
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.formats.journal import journal_path
@@ -33,15 +34,18 @@ PROMPTS = 24
 MAX_TOKENS = 16
 CONCURRENCY = 2
 HANG_TIMEOUT = 10
-RUNNER_SETTINGS = {
-    "backend": "sglang",
-    "aux_layers": "auto",
-    "final": "raw",
-    "dtype": "float32",
-    "shard_bytes": 30_000,
-    "max_batch_tokens": 64,
-    "sglang": {**CPU_CAPTURE_SETTINGS, "device": "cpu"},
-}
+RUNNER_SETTINGS = fill_defaults(
+    {
+        "backend": "sglang",
+        "aux_layers": "auto",
+        "final": "raw",
+        "dtype": "float32",
+        "shard_bytes": 30_000,
+        "max_batch_tokens": 64,
+        "sglang": {**CPU_CAPTURE_SETTINGS, "device": "cpu"},
+    },
+    "hidden_states",
+)
 
 
 def service_pid(node) -> int:
@@ -69,22 +73,27 @@ def test_a_killed_and_a_hung_server_are_restarted_and_the_shard_loses_no_prompt(
     ]
     write_jsonl_zst(tmp_path / "prompts.jsonl.zst", prompts)
     out, server_log = tmp_path / "out.jsonl.zst", tmp_path / "server.log"
+    # the responses rule's settings merged with the run-only ones, as a job gets them
     settings = {
         "backend": "sglang",
-        "model": {"path": str(served_model_dir)},
-        "sampling": {"max_new_tokens": MAX_TOKENS, "temperature": 0.0},
-        "sglang": {
-            "url": f"http://127.0.0.1:{23000 + os.getpid() % 1000}",
-            "launch": {
-                "args": CPU_LAUNCH_ARGS,
-                "run_args": ["--log-requests", "--log-requests-level", "0"],
-                "health_timeout": 900,
-                "hang_timeout": HANG_TIMEOUT,
-                "max_service_restarts": 2,
+        "model": fill_defaults({"path": str(served_model_dir)}, "model"),
+        "sampling": fill_defaults({"max_new_tokens": MAX_TOKENS, "temperature": 0.0}, "inference.sampling"),
+        "sglang": fill_defaults(
+            {
+                "url": f"http://127.0.0.1:{23000 + os.getpid() % 1000}",
+                "launch": {
+                    "args": CPU_LAUNCH_ARGS,
+                    "run_args": ["--log-requests", "--log-requests-level", "0"],
+                    "health_timeout": 900,
+                    "hang_timeout": HANG_TIMEOUT,
+                    "max_service_restarts": 2,
+                },
+                "tiers": {"short": {"concurrency": CONCURRENCY}, "long": {"concurrency": 1}},
+                "retry": {"initial_backoff": 0.2, "max_backoff": 1.0},
             },
-            "tiers": {"short": {"concurrency": CONCURRENCY}, "long": {"concurrency": 1}},
-            "retry": {"initial_backoff": 0.2, "max_backoff": 1.0},
-        },
+            "inference.sglang",
+        ),
+        "gpus": 0,
     }
     job_log = tmp_path / "job.log"
     with open(job_log, "w") as stderr:
@@ -162,8 +171,8 @@ def test_a_rank_killed_mid_shard_ends_the_runner_and_the_job_and_the_rerun_keeps
     samples = make_samples(40, seed=7)
     write_jsonl_zst(tmp_path / "t.jsonl.zst", samples)
     job_settings = {
-        "model": {"path": str(tiny_model_dir)},
-        "hidden_states": {**RUNNER_SETTINGS, "runner": {"idle_timeout": 600}},
+        "model": fill_defaults({"path": str(tiny_model_dir)}, "model"),
+        "hidden_states": {**RUNNER_SETTINGS, "runner": fill_defaults({"idle_timeout": 600}, "hidden_states.runner")},
         "tensor_parallel": 2,
     }
     out, partial = tmp_path / "out", tmp_path / ".out.partial"
@@ -173,7 +182,7 @@ def test_a_rank_killed_mid_shard_ends_the_runner_and_the_job_and_the_rerun_keeps
     ranks = rank_pids(torchrun)
     os.kill(ranks[1], signal.SIGKILL)
     killed_at = time.monotonic()
-    assert job.wait(timeout=120) == 1
+    assert job.wait(timeout=120) == 2  # a user error: one line, exit 2
     job_ended_s = time.monotonic() - killed_at
     assert wait_until(lambda: not node_service.pid_alive(ranks[0]), timeout=30)  # the other rank too
     assert wait_until(lambda: node_service._record(node) is None, timeout=30)  # no runner left
