@@ -1,6 +1,7 @@
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -182,6 +183,13 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny") / "model"
     tiny_qwen3(512).save_pretrained(path)
     return path
+
+
+def free_port() -> int:
+    """A port the kernel has just handed out (a bind to port 0), for a server the test starts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def wait_until(condition, timeout=60.0, interval=0.1) -> bool:

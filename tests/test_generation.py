@@ -24,7 +24,7 @@ from eagle3_datagen.progress import Progress
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
 from tests.doubles.loopback import FaultPlan, Loopback, ScriptedCall, serve_in_thread
 
-from .conftest import defaults
+from .conftest import defaults, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 KEY_ENV = "E3DG_TEST_OPENROUTER_KEY"
@@ -202,7 +202,7 @@ def test_sglang_refuses_a_server_with_another_model(tmp_path, model_dir):
 
 
 def test_launched_server_is_healthy_during_the_job_and_stopped_after(tmp_path, model_dir):
-    port = 18000 + os.getpid() % 1000
+    port = free_port()
     launch = defaults(
         "inference.sglang.launch",
         command=[sys.executable, "-m", "tests.doubles.loopback"],
@@ -260,7 +260,7 @@ def test_kill_9_then_rerun_loses_and_repeats_nothing(tmp_path, model_dir, api_ke
 
 
 def test_sigterm_stops_a_launched_server(tmp_path, model_dir):
-    port = 19000 + os.getpid() % 1000
+    port = free_port()
     job = subprocess.Popen(
         [
             sys.executable,

@@ -11,14 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from eagle3_datagen.backends import node_service
 from eagle3_datagen.backends.node_service import healthy, pid_alive, request_stop
 
-from .conftest import REPO, wait_until
+from .conftest import REPO, free_port, wait_until
 
 JOB = """
 import sys, time
@@ -55,7 +54,7 @@ def model_dir(tmp_path):
 
 @pytest.fixture
 def url():
-    return f"http://127.0.0.1:{23000 + (os.getpid() + time.monotonic_ns() // 1000) % 1000}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def test_shard_jobs_share_one_server_that_stops_when_idle(tmp_path, node, model_dir, url):
@@ -91,7 +90,7 @@ def test_a_stop_request_waits_for_the_job_using_the_server(tmp_path, node, model
     user = job(model_dir, url, log, hold_s=3, idle_s=600)
     assert user.stdout.readline() == "served\n"
     request_stop()
-    time.sleep(1)
+    assert wait_until(lambda: "a stop was asked; the SGLang server stops once no job uses it" in log.read_text())
     assert healthy(url) and user.poll() is None
     user.wait(timeout=60)
     assert wait_until(lambda: not healthy(url), timeout=30)
@@ -112,9 +111,9 @@ def test_a_job_needing_another_service_waits_until_the_running_one_is_unused(tmp
     log = tmp_path / "server.log"
     first = job(model_dir, url, log, hold_s=4, idle_s=600)
     assert first.stdout.readline() == "served\n"
-    other_url = url[: url.rindex(":")] + f":{int(url.rsplit(':', 1)[1]) + 1000}"
+    other_url = f"http://127.0.0.1:{free_port()}"
     second = job(model_dir, other_url, log, hold_s=0, idle_s=600)
-    time.sleep(1.5)
+    assert wait_until(lambda: "a stop was asked; the SGLang server stops once no job uses it" in log.read_text())
     assert second.poll() is None and not healthy(other_url)  # waiting for the first one's job
     assert second.communicate(timeout=120)[0] == "served\n"
     assert first.wait(timeout=10) == 0

@@ -24,7 +24,7 @@ from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.formats.journal import journal_path
 
-from ..conftest import REPO, wait_until
+from ..conftest import REPO, free_port, wait_until
 from ..test_capture_runner import hidden_job
 from ..test_hidden import make_samples
 from .conftest import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS
@@ -80,7 +80,7 @@ def test_a_killed_and_a_hung_server_are_restarted_and_the_shard_loses_no_prompt(
         "sampling": fill_defaults({"max_new_tokens": MAX_TOKENS, "temperature": 0.0}, "inference.sampling"),
         "sglang": fill_defaults(
             {
-                "url": f"http://127.0.0.1:{23000 + os.getpid() % 1000}",
+                "url": f"http://127.0.0.1:{free_port()}",
                 "launch": {
                     "args": CPU_LAUNCH_ARGS,
                     "run_args": ["--log-requests", "--log-requests-level", "0"],

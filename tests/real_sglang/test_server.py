@@ -21,6 +21,7 @@ from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
 
+from ..conftest import free_port
 from .conftest import CPU_LAUNCH_ARGS
 
 JOB = """
@@ -37,7 +38,7 @@ with launched_server(%r, %r, launch, %r) as server:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, served_model_dir):
     """(url, server pid) of a real SGLang server; on teardown, SIGTERM to its job stops it."""
-    url = f"http://127.0.0.1:{21000 + os.getpid() % 1000}"
+    url = f"http://127.0.0.1:{free_port()}"
     log = tmp_path_factory.mktemp("server") / "server.log"
     job = subprocess.Popen(
         [sys.executable, "-c", JOB % (CPU_LAUNCH_ARGS, str(served_model_dir), url, str(log))],

@@ -400,6 +400,7 @@ def _serve(service: Service, directory: Path, token: str, process, started: floa
     ready = False
     idle_since = time.monotonic()
     liveness = None
+    waiting_to_stop = False
     while process.poll() is None:
         if not ready and _ready(service, directory):
             ready = True
@@ -419,9 +420,13 @@ def _serve(service: Service, directory: Path, token: str, process, started: floa
                 f"the {service.name} did not answer {service.health_url}/health for {liveness.silent_for():.0f} s "
                 f"(hang_timeout {service.hang_timeout} s): taken as hung and killed; see {service.log}"
             )
+        stop_asked = (directory / STOP).exists()
         if _live_users(directory):
             idle_since = time.monotonic()
-        elif (directory / STOP).exists() or time.monotonic() - idle_since > service.idle_timeout:
+            if stop_asked and not waiting_to_stop:
+                log.info("a stop was asked; the %s stops once no job uses it", service.name)
+            waiting_to_stop = stop_asked
+        elif stop_asked or time.monotonic() - idle_since > service.idle_timeout:
             with _locked(directory):
                 if not _live_users(directory):  # none registered while the lock was free
                     log.info("no job uses the %s; stopping it", service.name)
