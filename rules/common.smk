@@ -187,32 +187,7 @@ def run_preflight():
 def check_slurm_requests():
     """A request no node can meet fails here, before any sbatch, instead of pending forever."""
     if workflow.executor_plugin and workflow.executor_plugin.name == "slurm":
-        cluster_fit.check(get_slurm_requests(), cluster_fit.read_nodes())
-
-
-def get_slurm_requests():
-    """What each scheduled submission asks SLURM for (a job, or a group job: one sbatch for its jobs),
-    read as the slurm executor plugin reads it."""
-    submissions = {}
-    for job in workflow.dag.needrun_jobs():
-        submitted = workflow.dag.get_job_group(job) or job
-        submissions[id(submitted)] = submitted
-    return [
-        cluster_fit.Request(
-            name=(
-                f"group {job.groupid} ({len(job.jobs)} jobs)"
-                if job.is_group()
-                else f"rule {job.rule.name}"
-            ),
-            partition=job.resources.get("slurm_partition"),
-            cpus=(job.resources.get("cpus_per_task") or job.threads)
-            * job.resources.get("tasks_per_node", 1),
-            mem_mb=job.resources.get("mem_mb", 0),
-            runtime=job.resources.get("runtime", 0),
-            gpus=job.resources.get("gpu", 0),
-        )
-        for job in submissions.values()
-    ]
+        cluster_fit.check(cluster_fit.scheduled_requests(workflow.dag), cluster_fit.read_nodes())
 
 
 def stop_node_service():

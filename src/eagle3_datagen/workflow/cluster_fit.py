@@ -40,6 +40,26 @@ class Request:
     gpus: int
 
 
+def scheduled_requests(dag) -> list[Request]:
+    """What each submission of Snakemake's `dag` asks SLURM for (a job, or a group job: one sbatch for its
+    jobs), read as the slurm executor plugin reads it."""
+    submissions = {}
+    for job in dag.needrun_jobs():
+        submitted = dag.get_job_group(job) or job
+        submissions[id(submitted)] = submitted
+    return [
+        Request(
+            name=f"group {job.groupid} ({len(job.jobs)} jobs)" if job.is_group() else f"rule {job.rule.name}",
+            partition=job.resources.get("slurm_partition"),
+            cpus=(job.resources.get("cpus_per_task") or job.threads) * job.resources.get("tasks_per_node", 1),
+            mem_mb=job.resources.get("mem_mb", 0),
+            runtime=job.resources.get("runtime", 0),
+            gpus=job.resources.get("gpu", 0),
+        )
+        for job in submissions.values()
+    ]
+
+
 def gres_gpus(gres: str) -> int:
     """GPUs in a `sinfo %G` field such as `gpu:8`, `gpu:h200:8(S:0-1)` or `(null)`."""
     return sum(int(m) for m in re.findall(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)", gres))
