@@ -69,5 +69,7 @@ def test_a_prompts_job_that_fails_inside_the_plan_says_why(tmp_path):
     last = proc.stderr.splitlines()[-1]
     assert last.startswith("error: snakemake --profile profiles/local --until prompts_demo_sharegpt")
     assert last.endswith(
-        "resources/demo/data/sharegpt.jsonl:2: expected a JSON object, got list. Fix: make each line one JSON object"
+        "resources/demo/data/sharegpt.jsonl:2: expected a JSON object, got list; 1 of 2 records could not be read"
+        " (allowed: 0.00%). Fix: make each line one JSON object, or raise the partition's max_bad_record_rate to"
+        " drop them"
     )
