@@ -187,7 +187,9 @@ def run_preflight():
 def check_slurm_requests():
     """A request no node can meet fails here, before any sbatch, instead of pending forever."""
     if workflow.executor_plugin and workflow.executor_plugin.name == "slurm":
-        cluster_fit.check(cluster_fit.scheduled_requests(workflow.dag), cluster_fit.read_nodes())
+        cluster_fit.check(
+            cluster_fit.scheduled_requests(workflow.dag), cluster_fit.read_nodes()
+        )
 
 
 def stop_node_service():
