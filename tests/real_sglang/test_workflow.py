@@ -28,7 +28,7 @@ from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 
-from ..conftest import REPO, copy_workflow, free_port
+from ..conftest import REPO, copy_workflow
 from ..slurm import NODE_SIZED, SLURM_ARGS, sacct_jobs, without_timings
 from .conftest import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS, SGLANG_CPU_ENV
 
@@ -82,7 +82,8 @@ def run_config(partitions: dict) -> dict:
     config["resources"]["gpus_per_node"] = GPUS
     config["inference"]["backend"] = "sglang"
     config["inference"]["sglang"] = {
-        "url": f"http://127.0.0.1:{free_port()}",
+        # one port for every run of the module: the runs' outputs, which record it, are compared
+        "url": f"http://127.0.0.1:{22000 + os.getpid() % 1000}",
         "launch": {
             "command": ["sglang-bin/sglang-python", "-m", "sglang.launch_server"],
             "args": CPU_LAUNCH_ARGS,
