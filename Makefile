@@ -78,19 +78,18 @@ TEST_TMP := $(or $(TMPDIR),/tmp)/eagle3-datagen-make-test
 test: slurm-packages install sglang-env speculators-env specforge-env ## every test tier, as CI does
 	OMP_WAIT_POLICY=PASSIVE $(MAKE) --no-print-directory -j2 --output-sync=target test-main test-apart
 
-# Each trainer's and SGLang's tests run under their own venv, with their releases' own pins. The trainer
-# tiers follow the main suite (about 15 minutes) rather than the SGLang tier (about 22), to even the runs.
-RUN_APART := -m pytest -q -o addopts=-ra --durations=25
-test-main: install speculators-env specforge-env ## the main suite, then the trainer tiers in their venvs (part of make test)
+test-main: install ## the main suite (part of make test)
 	mkdir -p $(TEST_TMP)/main
 	TMPDIR=$(TEST_TMP)/main pytest -q --durations=25
-	TMPDIR=$(TEST_TMP)/main $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
-	TMPDIR=$(TEST_TMP)/main $(SPECFORGE_VENV)/bin/python $(RUN_APART) tests/trainers/test_specforge.py \
-		tests/trainers/test_evaluate.py
 
-test-apart: sglang-env ## the SGLang tier in its venv (part of make test)
+# Each trainer's and SGLang's tests run under their own venv, with their releases' own pins.
+RUN_APART := -m pytest -q -o addopts=-ra --durations=25
+test-apart: sglang-env speculators-env specforge-env ## the SGLang and trainer tiers in their venvs (part of make test)
 	mkdir -p $(TEST_TMP)/apart
 	TMPDIR=$(TEST_TMP)/apart $(SGLANG_VENV)/bin/python $(RUN_APART) tests/real_sglang
+	TMPDIR=$(TEST_TMP)/apart $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
+	TMPDIR=$(TEST_TMP)/apart $(SPECFORGE_VENV)/bin/python $(RUN_APART) tests/trainers/test_specforge.py \
+		tests/trainers/test_evaluate.py
 
 lint: install ## ruff, snakefmt and snakemake --lint
 	ruff check src scripts tests
