@@ -337,7 +337,12 @@ def test_report_counts_shared_prompts_and_shows_what_each_partition_dropped_and_
         write_json(
             tmp_path / f"summary_{name}.json", partition_summary(name, str(tmp_path / f"{name}.json"), [], [], [])
         )
-    command = [sys.executable, "scripts/summary.py", "--summaries", *(str(tmp_path / f"summary_{n}.json") for n in "ab")]
+    command = [
+        sys.executable,
+        "scripts/summary.py",
+        "--summaries",
+        *(str(tmp_path / f"summary_{n}.json") for n in "ab"),
+    ]
     command += ["--prompt-shards", *map(str, shards), "--shard-counts", '[["a", 1], ["b", 2]]']
     subprocess.run([*command, "--out", str(tmp_path / "summary.html")], cwd=REPO, check=True, capture_output=True)
     scripted = (tmp_path / "summary.html").read_text()
