@@ -192,8 +192,8 @@ def evaluation_figure(evaluations: list[dict]) -> Plot:
     width = 0.4 if any(e["baseline"] for e in evaluations) else 0.8
     regenerated = [e["acceptance_length"] for e in evaluations]
     errors = [
-        [max(0.0, e["acceptance_length"] - e["interval_95"][0]) if e["interval_95"] else 0.0 for e in evaluations],
-        [max(0.0, e["interval_95"][1] - e["acceptance_length"]) if e["interval_95"] else 0.0 for e in evaluations],
+        [max(0.0, e["acceptance_length"] - e["interval_95"][0]) for e in evaluations],
+        [max(0.0, e["interval_95"][1] - e["acceptance_length"]) for e in evaluations],
     ]
     shift = -width / 2 if width < 0.8 else 0.0
     lengths.bar([i + shift for i in range(len(names))], regenerated, width, yerr=errors, capsize=3, label="regenerated")

@@ -226,28 +226,26 @@ def probe_section(summaries: list[dict]) -> dict | None:
 def evaluation_figures(acceptance: dict) -> dict:
     """What the report shows of one acceptance.json (stages/evaluate/measure.py): the measured acceptance
     length and its interval, by draft position, the trainer's estimate, and the draft trained on the
-    dataset's original responses where the run had that baseline (absent: None)."""
+    dataset's original responses where the run had that baseline (`baseline`: None without one)."""
     baseline = acceptance.get("baseline")
     return {
-        "partition": acceptance["partition"],
-        "acceptance_length": acceptance["acceptance_length"],
-        "interval_95": acceptance.get("interval_95"),
-        "acceptance_by_position": acceptance.get("acceptance_by_position") or [],
-        "trainer_estimate": (acceptance.get("trainer_estimate") or {}).get("acceptance_length"),
-        "prompts": acceptance.get("prompts"),
-        "verify_steps": acceptance.get("verify_steps"),
-        "measured_by": acceptance.get("measured_by"),
-        "baseline": baseline
-        and {k: baseline.get(k) for k in ("acceptance_length", "difference", "difference_interval_95")},
+        **{
+            key: acceptance[key]
+            for key in (
+                "partition",
+                "acceptance_length",
+                "interval_95",
+                "acceptance_by_position",
+                "prompts",
+                "verify_steps",
+                "measured_by",
+            )
+        },
+        "trainer_estimate": acceptance["trainer_estimate"]["acceptance_length"],
+        "baseline": {k: baseline[k] for k in ("acceptance_length", "difference", "difference_interval_95")}
+        if baseline
+        else None,
     }
-
-
-def _number(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def _interval(bounds: list[float] | None) -> str:
-    return "-" if not bounds else f"[{bounds[0]:.3f}, {bounds[1]:.3f}]"
 
 
 def evaluation_section(evaluations: list[dict]) -> dict | None:
@@ -256,19 +254,25 @@ def evaluation_section(evaluations: list[dict]) -> dict | None:
     rows = [
         [
             e["partition"],
-            _number(e["acceptance_length"]),
+            f"{e['acceptance_length']:.3f}",
             _interval(e["interval_95"]),
-            _number(e["trainer_estimate"]),
-            "-" if e["prompts"] is None else e["prompts"],
-            "-" if e["verify_steps"] is None else e["verify_steps"],
-            _number((e["baseline"] or {}).get("acceptance_length")),
-            _number((e["baseline"] or {}).get("difference")),
-            _interval((e["baseline"] or {}).get("difference_interval_95")),
+            f"{e['trainer_estimate']:.3f}",
+            e["prompts"],
+            e["verify_steps"],
+            *(
+                [f"{b['acceptance_length']:.3f}", f"{b['difference']:.3f}", _interval(b["difference_interval_95"])]
+                if (b := e["baseline"])
+                else ["-", "-", "-"]
+            ),
         ]
         for e in evaluations
     ]
-    measured_by = sorted({e["measured_by"] for e in evaluations if e["measured_by"]})
+    measured_by = sorted({e["measured_by"] for e in evaluations})
     return {"rows": rows, "measured_by": measured_by, "figure": report_plots.evaluation_figure(evaluations)}
+
+
+def _interval(bounds: list[float]) -> str:
+    return f"[{bounds[0]:.3f}, {bounds[1]:.3f}]"
 
 
 def write_partition_summary(out: str, **kwargs) -> dict:
