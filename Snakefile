@@ -1,8 +1,15 @@
+import os
+
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
+from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import min_version, validate
 
+from eagle3_datagen.backends.node_service import request_stop
 from eagle3_datagen.config_schema import fill_defaults
+from eagle3_datagen.workflow import cluster_fit, preflight
 from eagle3_datagen.workflow.config_errors import describe
+from eagle3_datagen.workflow.settings import config_problems
 
 min_version("9.0")
 
@@ -27,6 +34,33 @@ except WorkflowError:
 # Every setting a stage reads is now in config: validate fills defaults but those behind a $ref.
 fill_defaults(config)
 
+# A source that cannot be read, or settings that would delete a model the workflow did not make, or
+# that no reader could take, are refused before any job. With an object store as default storage,
+# the storage plugin checks its objects itself.
+CONFIG_PROBLEMS = config_problems(
+    config,
+    workflow.overwrite_configfiles or ["config.yaml"],
+    check_sources=workflow.storage_settings.default_storage_provider is None,
+)
+if CONFIG_PROBLEMS:
+    raise WorkflowError("\n".join(CONFIG_PROBLEMS))
+
+# With --sdm conda, the jobs that run SGLang get envs/sglang.yaml.
+SGLANG_DEPLOYED = (
+    DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+)
+
+# A dry-run calls no onstart: it prints preflight's problems as warnings here, for every job the
+# config's workflow has (a real run checks the jobs it will run, in onstart, and stops).
+if workflow.output_settings.dryrun:
+    preflight.raise_or_warn(
+        preflight.problems(
+            config, preflight.config_jobs(config), os.environ, SGLANG_DEPLOYED
+        ),
+        dry_run=True,
+        warn=logger.warning,
+    )
+
 
 report: "report/workflow.rst"
 
@@ -47,3 +81,35 @@ rule all:
     default_target: True
     input:
         get_final_output(),
+
+
+onstart:
+    # What would fail one of the jobs this run will run stops the run here, before its first job
+    # (--touch runs no job: it only marks outputs up to date).
+    if not workflow.touch:
+        preflight.raise_or_warn(
+            preflight.problems(
+                config,
+                preflight.scheduled_jobs(workflow.dag),
+                os.environ,
+                SGLANG_DEPLOYED,
+            ),
+            dry_run=False,
+            warn=logger.warning,
+            error_type=WorkflowError,
+        )
+    # A request no node can meet fails here, before any sbatch, instead of pending forever.
+    if workflow.executor_plugin and workflow.executor_plugin.name == "slurm":
+        cluster_fit.check(
+            cluster_fit.scheduled_requests(workflow.dag), cluster_fit.read_nodes()
+        )
+
+
+# Where Snakemake runs on the node of a shared generation server or capture runner, the run's end stops
+# it as soon as no job uses it (else it stops when idle, or with its SLURM allocation).
+onsuccess:
+    request_stop()
+
+
+onerror:
+    request_stop()

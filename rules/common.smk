@@ -1,10 +1,7 @@
+# What the rules call: constants computed once per parse, input functions, `logged`. The checks before
+# any job and the run's hooks are in the Snakefile.
 import os
 
-from snakemake.exceptions import WorkflowError
-from snakemake.logging import logger
-from snakemake.settings.types import DeploymentMethod
-
-from eagle3_datagen.workflow import cluster_fit, preflight
 from eagle3_datagen.workflow import settings as wf
 
 PARTITIONS = sorted(config["partitions"])
@@ -12,42 +9,9 @@ PARTITIONS = sorted(config["partitions"])
 # renames a partition reruns them (Snakemake's params trigger) instead of reporting up to date.
 PARTITION_SET = wf.as_json(PARTITIONS)
 
-# A missing source is an error before any job; with an object store as default storage, the
-# storage plugin checks its objects itself.
-if workflow.storage_settings.default_storage_provider is None:
-    MISSING_SOURCES = wf.missing_sources(
-        config, workflow.overwrite_configfiles or ["config.yaml"]
-    )
-    if MISSING_SOURCES:
-        raise WorkflowError("\n".join(MISSING_SOURCES))
 # A hub dataset's revision, resolved to a commit from the Hugging Face cache once per parse: it is in
 # the prompts rule's params, so a new commit reruns that partition only.
 SOURCE_COMMITS = wf.source_commits(config)
-
-
-# Settings that would delete a model the workflow did not make, or that no reader could take, are
-# refused before any job.
-CONFIG_PROBLEMS = wf.demo_model_problems(config) + wf.storage_problems(config)
-if CONFIG_PROBLEMS:
-    raise WorkflowError("\n".join(CONFIG_PROBLEMS))
-
-
-# With --sdm conda, the jobs that run SGLang get envs/sglang.yaml.
-SGLANG_DEPLOYED = (
-    DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
-)
-
-
-# A dry-run calls no onstart: it prints preflight's problems as warnings here, for every job the
-# config's workflow has (a real run checks the jobs it will run, in onstart, and stops).
-if workflow.output_settings.dryrun:
-    preflight.raise_or_warn(
-        preflight.problems(
-            config, preflight.config_jobs(config), os.environ, SGLANG_DEPLOYED
-        ),
-        dry_run=True,
-        warn=logger.warning,
-    )
 
 
 wildcard_constraints:
@@ -123,8 +87,8 @@ VOCAB_OPTIONS = (
 PROBE_SETTINGS = {p: wf.as_json(wf.probe_settings(config, p)) for p in PARTITIONS}
 # Run-only settings reach the jobs through the environment, which Snakemake's rerun triggers never
 # compare (they compare params, the shell template, input paths and the software env) and which
-# .snakemake/ does not record. Every process that parses this file sets it, a cluster job's too;
-# each job writes them to its log.
+# .snakemake/ does not record. Every process that parses this file sets it, a cluster job's too (so
+# it is here, beside what the rules call: the rules' jobs inherit it); each job writes them to its log.
 os.environ[wf.RUN_SETTINGS_ENV] = wf.as_json(wf.run_settings(config))
 
 
@@ -166,49 +130,3 @@ def get_partition_stage_files(wildcards):
         "hidden": get_partition_hidden_shards(wildcards),
         "probes": expand("results/{p}/probe/{s}.json", p=p, s=shards(p)),
     }
-
-
-def run_preflight():
-    """What would fail one of the jobs this run will run stops the run here, before its first job."""
-    if workflow.touch:  # --touch runs no job: it only marks outputs up to date
-        return
-    jobs = [
-        preflight.Job(job.rule.name, job.wildcards_dict.get("partition"))
-        for job in workflow.dag.needrun_jobs()
-    ]
-    preflight.raise_or_warn(
-        preflight.problems(config, jobs, os.environ, SGLANG_DEPLOYED),
-        dry_run=False,
-        warn=logger.warning,
-        error_type=WorkflowError,
-    )
-
-
-def check_slurm_requests():
-    """A request no node can meet fails here, before any sbatch, instead of pending forever."""
-    if workflow.executor_plugin and workflow.executor_plugin.name == "slurm":
-        cluster_fit.check(
-            cluster_fit.scheduled_requests(workflow.dag), cluster_fit.read_nodes()
-        )
-
-
-def stop_node_service():
-    """Where Snakemake runs on the node of a shared generation server or capture runner, the run's end
-    stops it as soon as no job uses it (else it stops when idle, or with its SLURM allocation).
-    """
-    from eagle3_datagen.backends.node_service import request_stop
-
-    request_stop()
-
-
-onstart:
-    run_preflight()
-    check_slurm_requests()
-
-
-onsuccess:
-    stop_node_service()
-
-
-onerror:
-    stop_node_service()

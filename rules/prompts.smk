@@ -1,11 +1,8 @@
 # One rule per partition: the number of shard outputs differs between partitions. With
 # prompts.shared_across_partitions: drop, a partition also reads the prompt shards of the partitions
-# before it in name order, so a change to one of them reruns the later ones. With `keep` (the default)
-# the rule and its command are the ones a config written before the option gets, so that finished
-# prompts are not rescheduled. Snakemake evaluates the command again when the job runs, after this
-# loop, with the loop's last values: what differs between sources comes from the job's own input and
-# params (a glob's and a directory's files are its input, a hub dataset has none; the script then reads
-# the `source` in the settings), and either command works for every partition.
+# before it in name order (its `earlier` input, empty with `keep`), so a change to one of them reruns
+# the later ones. A glob's and a directory's files are the `source` input, a hub dataset has none: the
+# script then reads the `source` in the settings.
 for partition in PARTITIONS:
     earlier_shards = [
         s
@@ -33,14 +30,7 @@ for partition in PARTITIONS:
                 wf.prompt_settings(config, partition, SOURCE_COMMITS.get(partition))
             ),
         shell:
-            (
-                logged(
-                    "python scripts/prompts.py --source {input.source} --earlier {input.earlier} "
-                    "--out {output.shards} --stats {output.stats} --settings {params.settings:q}"
-                )
-                if earlier_shards
-                else logged(
-                    "python scripts/prompts.py --source {input} --out {output.shards} "
-                    "--stats {output.stats} --settings {params.settings:q}"
-                )
+            logged(
+                "python scripts/prompts.py --source {input.source} --earlier {input.earlier} "
+                "--out {output.shards} --stats {output.stats} --settings {params.settings:q}"
             )

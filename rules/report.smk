@@ -11,7 +11,7 @@ rule partition_summary:
         "../envs/cpu.yaml"
     shell:
         logged(
-            "python scripts/report.py --partition {wildcards.partition} "
+            "python scripts/partition_summary.py --partition {wildcards.partition} "
             "--prompt-stats {input.prompt_stats} --response-stats {input.response_stats} "
             "--audits {input.audits} --hidden {input.hidden} --probes {input.probes} "
             "--out {output}"
@@ -41,6 +41,6 @@ rule summary:
         shard_counts=wf.as_json([[p, len(get_prompt_outputs(p))] for p in PARTITIONS]),
     shell:
         logged(
-            "python scripts/report.py --combine {input.summaries} --prompt-shards {input.prompt_shards} "
+            "python scripts/summary.py --summaries {input.summaries} --prompt-shards {input.prompt_shards} "
             "--shard-counts {params.shard_counts:q} --out {output}"
         )

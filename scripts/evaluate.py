@@ -4,7 +4,6 @@ length by speculative decoding of the target on held-out samples; fail below a m
 
 Runs under SpecForge's venv (`make specforge-env`), on the CPU."""
 
-import argparse
 import json
 import logging
 from pathlib import Path
@@ -16,13 +15,14 @@ from eagle3_datagen.stages.evaluate.speculative import AcceptanceTooLow, check_a
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = cli.parser(__doc__, stage_settings=False)
     p.add_argument("--partition", required=True)
     p.add_argument("--export", required=True, help="the partition's SpecForge export directory (training data)")
     p.add_argument("--held-out", nargs="+", required=True, help="token files (jsonl.zst) of the held-out samples")
     p.add_argument(
         "--settings",
         required=True,
+        type=json.loads,
         help="JSON: train_steps, seed, batch_size, learning_rate, "
         "spec_steps, ttt_length, max_new_tokens, min_acceptance_length",
     )
@@ -30,7 +30,7 @@ def main() -> None:
     p.add_argument("--out", required=True, help="the figures (JSON)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO)
-    settings = json.loads(args.settings)
+    settings = args.settings
     held_out = [row for path in args.held_out for row in read_jsonl(path)]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,6 @@
 #!/usr/bin/env python
 """Export hidden-state shards to SpecForge's or vLLM speculators' training layout."""
 
-import argparse
 import logging
 
 from eagle3_datagen import cli
@@ -10,7 +9,7 @@ from eagle3_datagen.stages.export import FORMATS, export
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = cli.parser(__doc__, stage_settings=False)
     p.add_argument("--format", choices=FORMATS, required=True)
     p.add_argument("--hidden", nargs="+", required=True, help="hidden-state shard directories, in order")
     p.add_argument("--out", required=True, help="directory to create")

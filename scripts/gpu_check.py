@@ -10,20 +10,19 @@ generate exactly hf's IDs. --launch starts `sglang.launch_server` on rank 0 afte
 --url checks a server already running instead. On a CPU: --device cpu --dtype float32 (the tests).
 """
 
-import argparse
-import json
 import logging
 import sys
 import tempfile
 
 from eagle3_datagen import cli
 from eagle3_datagen.diagnostics.gpu_check import run_gpu_check
+from eagle3_datagen.formats.files import write_json
 
 GPU_LAUNCH_ARGS = ["--mem-fraction-static", "0.3", "--disable-radix-cache"]
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.parser(__doc__, stage_settings=False)
     p.add_argument("--model", help="model directory (default: build a small random Qwen3)")
     p.add_argument("--samples", type=int, default=32, help="random sequences of 8-512 tokens")
     p.add_argument("--max-batch-tokens", type=int, default=4096)
@@ -50,8 +49,7 @@ def main() -> None:
             args.new_tokens,
         )
     if records and args.out:
-        with open(args.out, "w") as f:
-            json.dump({"ok": ok, "layers": records}, f, indent=2)
+        write_json(args.out, {"ok": ok, "layers": records})
     sys.exit(0 if ok else 1)
 
 

@@ -10,7 +10,6 @@ also written to results/plan.json, whose hidden-state bytes a run checks against
 before its first job. Run from the workflow directory, with the same --configfile and --profile as the run.
 """
 
-import argparse
 import json
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from eagle3_datagen.workflow.preflight import PLAN_FILE
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.parser(__doc__, stage_settings=False)
     p.add_argument("--configfile", help="the run's config (default: config.yaml)")
     p.add_argument("--profile", default="profiles/local", help="the run's profile (default: profiles/local)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

@@ -24,7 +24,7 @@ def main() -> None:
     )
     args = p.parse_args()
     cli.setup(args, torch_threads=False)
-    # the rule's params leave max_bad_record_rate and allow_empty out at their defaults (prompt_settings)
+    # the workflow passes every key (prompt_settings); a command run by hand may leave out those with a default
     s = fill_defaults(args.settings, "partitions.*")
     if not s.get("source") and len(args.source) != 1:
         p.error("name one source: --source PATH, or `source` in --settings")

@@ -4,7 +4,6 @@
 Run from the workflow directory with the run's --configfile and --profile.
 """
 
-import argparse
 import json
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from eagle3_datagen.reporting.status import (
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.parser(__doc__, stage_settings=False)
     p.add_argument("--configfile", help="the run's config (default: config.yaml)")
     p.add_argument("--profile", default="profiles/local")
     p.add_argument("--json", action="store_true")

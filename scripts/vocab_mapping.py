@@ -1,7 +1,6 @@
 #!/usr/bin/env python
 """Count loss-masked target tokens over token shards and write the draft vocabulary (d2t, t2d)."""
 
-import argparse
 import logging
 
 from eagle3_datagen import cli
@@ -10,7 +9,7 @@ from eagle3_datagen.stages.vocab import run_vocab
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = cli.parser(__doc__, stage_settings=False)
     p.add_argument("--tokens", nargs="+", required=True, help="token shards (.jsonl.zst)")
     p.add_argument("--model", required=True, help="model directory (its config.json gives the vocabulary size)")
     p.add_argument("--draft-vocab-size", type=int, required=True)

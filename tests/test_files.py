@@ -1,9 +1,11 @@
 import os
 import stat
 
+import orjson
 import pytest
+import zstandard
 
-from eagle3_datagen.formats.files import atomic_dir, write_json, write_jsonl_zst
+from eagle3_datagen.formats.files import atomic_dir, read_jsonl, write_json, write_jsonl_zst
 
 
 @pytest.fixture
@@ -34,3 +36,17 @@ def test_a_failed_write_leaves_nothing(tmp_path):
         (tmp / "half").write_text("x")
         raise RuntimeError("killed")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_zstd_file_of_several_frames_reads_whole(tmp_path):
+    """A source compressed in parts (`cat a.zst b.zst`, pzstd) is one zstd frame per part; every row of
+    every frame is read, in order, also where a frame ends inside the reader's buffer."""
+    rows = [{"id": i, "text": f"row {i} " * (i % 7)} for i in range(6000)]
+    frames = [
+        zstandard.ZstdCompressor().compress(b"".join(orjson.dumps(r) + b"\n" for r in part))
+        for part in (rows[:1], rows[1:3500], rows[3500:])
+    ]
+    (tmp_path / "parts.jsonl.zst").write_bytes(b"".join(frames))
+    assert read_jsonl(tmp_path / "parts.jsonl.zst") == rows
+    assert write_jsonl_zst(tmp_path / "written.jsonl.zst", rows) == len(rows)
+    assert read_jsonl(tmp_path / "written.jsonl.zst") == rows

@@ -1,5 +1,5 @@
 """Preflight: what would fail a job later stops a real run before its first job and is a warning in a
-dry-run (eagle3_datagen.workflow.preflight, called by rules/common.smk)."""
+dry-run (eagle3_datagen.workflow.preflight, called by the Snakefile)."""
 
 import json
 import os

@@ -173,17 +173,32 @@ def test_toolace_calls_with_spaced_names_nested_literals_and_commas_in_strings()
     assert toolace_calls("[1, 2, 3] is a list") is None and toolace_calls("Plain [text]") is None
 
 
-def test_prompt_settings_leave_defaults_out_and_name_earlier_partitions_only_when_dropping():
+def test_prompt_settings_hold_every_key_and_name_earlier_partitions_only_when_dropping():
     from eagle3_datagen.config_schema import fill_defaults
     from eagle3_datagen.workflow.settings import prompt_settings
 
-    partitions = {"b": {"format": "auto"}, "a": {"format": "glaive", "max_bad_record_rate": 0.01}}
+    partitions = {
+        "b": {"source": "b.jsonl", "format": "auto"},
+        "a": {"source": "a.jsonl", "format": "glaive", "max_bad_record_rate": 0.01},
+    }
     config = fill_defaults({"partitions": partitions})
-    assert prompt_settings(config, "b") == {"format": "auto", "system_prompt": None, "max_prompts": None}
+    assert prompt_settings(config, "b") == {
+        "format": "auto",
+        "system_prompt": None,
+        "max_prompts": None,
+        "subset": None,
+        "split": None,
+        "revision": None,
+        "max_bad_record_rate": 0,
+        "allow_empty": False,
+        "source": None,
+        "commit": None,
+        "drop_shared_with": [],
+    }
     assert prompt_settings(config, "a")["max_bad_record_rate"] == 0.01
     config["prompts"] = {"shared_across_partitions": "drop"}
     assert prompt_settings(config, "b")["drop_shared_with"] == ["a"]
-    assert "drop_shared_with" not in prompt_settings(config, "a")
+    assert prompt_settings(config, "a")["drop_shared_with"] == []
 
 
 GLAIVE_FUNCTIONS = """SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -
@@ -393,10 +408,10 @@ def test_openai_and_sharegpt_tool_records_keep_calls_and_results(tmp_path):
     ]
 
 
-def test_ids_without_tools_are_unchanged_and_tools_enter_the_id():
+def test_ids_hash_the_messages_and_tools_and_tools_enter_the_id():
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    earlier = hashlib.sha256(json.dumps([["system", "Be brief."], ["user", "Hi"]], separators=(",", ":")).encode())
-    assert conversation_id(messages) == earlier.hexdigest()[:24]
+    canonical = json.dumps({"messages": messages, "tools": []}, separators=(",", ":"), sort_keys=True)
+    assert conversation_id(messages) == hashlib.sha256(canonical.encode()).hexdigest()[:24]
     with_tools = conversation_id(messages, [WEATHER_TOOL])
     assert with_tools != conversation_id(messages)
     other_tool = {"type": "function", "function": {**WEATHER_TOOL["function"], "description": "Other"}}

@@ -6,15 +6,13 @@ not from the parser's output.
 """
 
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from eagle3_datagen.formats.datasets import normalize
-from eagle3_datagen.formats.files import InputError, read_jsonl, write_json
+from eagle3_datagen.formats.files import InputError, read_jsonl
 from eagle3_datagen.stages.prompts import build_prompts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -332,16 +330,6 @@ def test_report_counts_shared_prompts_and_shows_what_each_partition_dropped_and_
         [partition_summary(name, str(tmp_path / f"{name}.json"), [], [], []) for name in ("a", "b")],
         shared,
     )
-    # the summary rule's command line: the same shared-prompt table
-    for name in ("a", "b"):
-        write_json(
-            tmp_path / f"summary_{name}.json", partition_summary(name, str(tmp_path / f"{name}.json"), [], [], [])
-        )
-    command = [sys.executable, "scripts/report.py", "--combine", *(str(tmp_path / f"summary_{n}.json") for n in "ab")]
-    command += ["--prompt-shards", *map(str, shards), "--shard-counts", '[["a", 1], ["b", 2]]']
-    subprocess.run([*command, "--out", str(tmp_path / "summary.html")], cwd=REPO, check=True, capture_output=True)
-    scripted = (tmp_path / "summary.html").read_text()
-    assert scripted[scripted.index("<h2>Prompts shared") :].split("</table>")[0] in page
     assert "Prompts shared between partitions" in page and "<td>a &amp; b</td><td>1</td>" in page
     # rows of keys only the second partition has: its dropped turn and its ignored fields
     for key in (

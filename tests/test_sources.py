@@ -342,21 +342,26 @@ def test_the_workflow_checks_sources_and_puts_a_hub_datasets_commit_in_the_promp
         "repo/data/train-00000-of-00002.parquet",
         "repo/data/train-00001-of-00002.parquet",
     ]
+    unset = {"system_prompt": None, "max_prompts": None, "subset": None, "max_bad_record_rate": 0}
     assert wf.prompt_settings(config, "hub", commit) == {
+        **unset,
         "format": "alpaca",
-        "system_prompt": None,
-        "max_prompts": None,
         "source": "hf:owner/chats",
         "split": "train",
+        "revision": None,
         "commit": commit,
+        "allow_empty": False,
+        "drop_shared_with": [],
     }
     assert wf.prompt_settings(config, "dir") == {
+        **unset,
         "format": "alpaca",
-        "system_prompt": None,
-        "max_prompts": None,
         "source": "repo",
         "split": "train",
         "revision": "main",
+        "commit": None,
+        "allow_empty": False,
+        "drop_shared_with": [],
     }
 
 

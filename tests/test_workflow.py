@@ -544,14 +544,14 @@ def test_status_tells_complete_stale_running_and_failed(demo_dir, tmp_path):
 
 
 def test_shared_prompts_drop_makes_later_partitions_read_the_earlier_ones_prompts(tmp_path):
-    """`keep` (the default) leaves the prompts rules independent, with the command a config written before
-    the option gets; `drop` gives a partition the prompt shards of those before it in name order."""
+    """`keep` (the default) leaves the prompts rules independent; `drop` gives a partition the prompt shards
+    of those before it in name order."""
     work = copy_workflow(tmp_path / "wf")
     target = ["-n", "-p", "--profile", "profiles/local", "results/demo_sharegpt/prompts/stats.json"]
     keep = snakemake(target, work).stdout
     assert sorted(r for r, _ in scheduled(keep)) == ["prompts_demo_sharegpt"]
     assert (
-        "python scripts/prompts.py --source resources/demo/data/sharegpt.jsonl --out "
+        "python scripts/prompts.py --source resources/demo/data/sharegpt.jsonl --earlier  --out "
         "results/demo_sharegpt/prompts/00000.jsonl.zst results/demo_sharegpt/prompts/00001.jsonl.zst --stats"
     ) in keep
     config = yaml.safe_load((work / "config.yaml").read_text())

@@ -54,8 +54,23 @@ def run(main: Callable[[], None], user_errors: tuple[type[BaseException], ...] =
         sys.exit(USER_ERROR_EXIT)
 
 
-def parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+class ArgumentParser(argparse.ArgumentParser):
+    """Every script's parser: its docstring kept as written in --help; a wrong argument ends the script as
+    any user error does, one line `error: ...` and exit status 2 (argparse's own prints the usage first)."""
+
+    def __init__(self, description: str):
+        super().__init__(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    def error(self, message: str):
+        self.exit(USER_ERROR_EXIT, f"error: {message} (see {self.prog} --help)\n")
+
+
+def parser(description: str, stage_settings: bool = True) -> ArgumentParser:
+    """A script's parser; a stage's (`stage_settings`) takes the workflow's --settings, --run-settings and
+    --threads."""
+    p = ArgumentParser(description)
+    if not stage_settings:
+        return p
     p.add_argument(
         "--settings",
         required=True,

@@ -132,18 +132,15 @@ def read_json(path: str | os.PathLike) -> Any:
 def write_jsonl_zst(path: str | os.PathLike, rows: Iterable[dict]) -> int:
     """Write rows as zstd-compressed JSON lines, atomically. Returns the row count."""
     count = 0
-    with (
-        atomic_path(path) as tmp,
-        open(tmp, "wb") as raw,
-        zstandard.ZstdCompressor(level=ZSTD_LEVEL).stream_writer(raw) as out,
-    ):
+    with atomic_path(path) as tmp, zstandard.open(tmp, "wb", cctx=zstandard.ZstdCompressor(level=ZSTD_LEVEL)) as out:
         for row in rows:
             out.write(orjson.dumps(row) + b"\n")
             count += 1
     return count
 
 
-# Compressed JSON lines, each opened by its own library as a stream: nothing is decompressed whole.
+# Compressed JSON lines, each opened by its own library's `open` as a stream: nothing is decompressed whole.
+# zstandard's reads every frame of a file of several (`cat a.zst b.zst`, pzstd's output).
 COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": "zstandard"}
 JSON_SUFFIXES = tuple(f"{kind}{zip_}" for kind in (".jsonl", ".json") for zip_ in ("", *COMPRESSED))
 SOURCE_SUFFIXES = (*JSON_SUFFIXES, ".parquet", ".arrow")
@@ -152,9 +149,6 @@ SOURCE_SUFFIXES = (*JSON_SUFFIXES, ".parquet", ".arrow")
 def _open_binary(path: Path):
     """The file's decompressed bytes as a stream, by its compression suffix."""
     suffix = path.suffix
-    if suffix == ".zst":
-        raw = open(path, "rb")  # noqa: SIM115 - the reader closes it
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
     if suffix in COMPRESSED:
         return importlib.import_module(COMPRESSED[suffix]).open(path, "rb")
     return open(path, "rb")  # noqa: SIM115 - closed by the caller's `with`

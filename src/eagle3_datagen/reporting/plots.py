@@ -1,4 +1,4 @@
-"""The report's figures: matplotlib PNGs embedded in the HTML, so the page is one file.
+"""The report's figures: matplotlib PNGs as data URIs, which the template embeds, so the page is one file.
 
 Figures are built with `matplotlib.figure.Figure` directly (no pyplot): no global state and no
 display backend, which is what a batch job wants.
@@ -7,10 +7,18 @@ display backend, which is what a batch job wants.
 from __future__ import annotations
 
 import base64
-import html
 import io
+from typing import NamedTuple
 
 from matplotlib.figure import Figure
+
+
+class Plot(NamedTuple):
+    """A figure as the template's `<img>` takes it: its alt text and its PNG as a data URI."""
+
+    alt: str
+    src: str
+
 
 LENGTH_PANELS = (
     ("responses", "prompt_tokens", "prompt tokens per regenerated turn"),
@@ -21,11 +29,10 @@ LENGTH_PANELS = (
 )
 
 
-def _img(fig: Figure, alt: str) -> str:
+def _img(fig: Figure, alt: str) -> Plot:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
-    data = base64.b64encode(buffer.getvalue()).decode()
-    return f"<img class='plot' alt='{html.escape(alt)}' src='data:image/png;base64,{data}'/>"
+    return Plot(alt, "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode())
 
 
 def _edge_label(edge: int) -> str:
@@ -44,7 +51,7 @@ def _grouped_bars(ax, categories: list[str], series: dict[str, list[float]]) -> 
     ax.set_xticks(range(len(categories)), categories)
 
 
-def lengths_figure(summaries: list[dict]) -> str:
+def lengths_figure(summaries: list[dict]) -> Plot:
     """Histograms on power-of-two bins (counts per bin), one bar group per partition."""
     fig = Figure(figsize=(15, 7.5), layout="constrained")
     axes = fig.subplots(2, 3).flat
@@ -86,7 +93,7 @@ def _stacked_shares(ax, names: list[str], counts: dict[str, list[int]], totals: 
     _label(ax, title)
 
 
-def outcomes_figure(summaries: list[dict]) -> str:
+def outcomes_figure(summaries: list[dict]) -> Plot:
     fig = Figure(figsize=(15, 4.2), layout="constrained")
     funnel, finish, audit = fig.subplots(1, 3)
     names = [s["partition"] for s in summaries]
@@ -120,7 +127,7 @@ def outcomes_figure(summaries: list[dict]) -> str:
     return _img(fig, "outcomes")
 
 
-def cost_figure(summaries: list[dict]) -> str:
+def cost_figure(summaries: list[dict]) -> Plot:
     fig = Figure(figsize=(15, 4.2), layout="constrained")
     cost, speed, size = fig.subplots(1, 3)
     names = [s["partition"] for s in summaries]
@@ -154,7 +161,7 @@ def cost_figure(summaries: list[dict]) -> str:
     return _img(fig, "cost, throughput and bytes")
 
 
-def agreement_by_position(probed: list[dict]) -> str:
+def agreement_by_position(probed: list[dict]) -> Plot:
     fig = Figure(figsize=(9, 3.6), layout="constrained")
     ax = fig.subplots()
     for s in probed:
@@ -165,12 +172,43 @@ def agreement_by_position(probed: list[dict]) -> str:
     ax.set_ylabel("top-1 agreement")
     ax.tick_params(axis="x", labelsize=7, labelrotation=90)
     ax.legend(fontsize=8)
-    return "<h3>Top-1 agreement by position in the response</h3>" + _img(fig, "probe agreement by position")
+    return _img(fig, "probe agreement by position")
 
 
-def figures(summaries: list[dict]) -> list[tuple[str, str]]:
+def figures(summaries: list[dict]) -> list[tuple[str, Plot]]:
     return [
         ("Length distributions", lengths_figure(summaries)),
         ("Kept and dropped, finish reasons, token audit", outcomes_figure(summaries)),
         ("Cost, throughput and hidden-state bytes", cost_figure(summaries)),
     ]
+
+
+def evaluation_figure(evaluations: list[dict]) -> Plot:
+    """Measured acceptance length per partition (its 95% interval as error bars), the draft trained on the
+    dataset's original responses beside it where there is one; how often each draft position is accepted."""
+    fig = Figure(figsize=(12, 4.2), layout="constrained")
+    lengths, positions = fig.subplots(1, 2)
+    names = [e["partition"] for e in evaluations]
+    width = 0.4 if any(e["baseline"] for e in evaluations) else 0.8
+    regenerated = [e["acceptance_length"] for e in evaluations]
+    errors = [
+        [max(0.0, e["acceptance_length"] - e["interval_95"][0]) for e in evaluations],
+        [max(0.0, e["interval_95"][1] - e["acceptance_length"]) for e in evaluations],
+    ]
+    shift = -width / 2 if width < 0.8 else 0.0
+    lengths.bar([i + shift for i in range(len(names))], regenerated, width, yerr=errors, capsize=3, label="regenerated")
+    with_baseline = [(i, e["baseline"]["acceptance_length"]) for i, e in enumerate(evaluations) if e["baseline"]]
+    if with_baseline:
+        lengths.bar([i + width / 2 for i, _ in with_baseline], [v for _, v in with_baseline], width, label="original")
+    lengths.set_xticks(range(len(names)), names)
+    lengths.set_ylabel("tokens per verify step")
+    _label(lengths, "acceptance length (95% interval)")
+    for e in evaluations:
+        by_position = e["acceptance_by_position"]
+        positions.plot(range(1, len(by_position) + 1), by_position, marker="o", label=e["partition"])
+    positions.set_ylim(0, 1.02)
+    positions.set_xlabel("draft position")
+    positions.set_ylabel("share of verify steps accepting it")
+    positions.xaxis.get_major_locator().set_params(integer=True)
+    _label(positions, "acceptance by draft position")
+    return _img(fig, "acceptance length per partition and by draft position")

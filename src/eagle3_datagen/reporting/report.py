@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import html
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+
+import jinja2
 
 from eagle3_datagen.formats.files import iter_jsonl, read_json, write_json
 from eagle3_datagen.formats.hidden_codec import Codec
@@ -160,8 +162,18 @@ def shared_prompts(shard_paths: list[str], shard_counts: list) -> dict:
     }
 
 
-def summary_html(summaries: list[dict], shared: dict | None = None) -> str:
-    """One self-contained page: the numbers as a table, the distributions as matplotlib images."""
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("eagle3_datagen.reporting", "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+)
+
+
+def summary_html(summaries: list[dict], shared: dict | None = None, evaluations: Sequence[dict] = ()) -> str:
+    """One self-contained page: the numbers as tables, the distributions as matplotlib images.
+
+    `evaluations`: the partitions' evaluation figures (acceptance.json), where the workflow evaluated them."""
     # Every key any partition has (a reason counted in one partition only is a row too), in first-seen order.
     flat = [k for s in summaries for k, _ in _flat("", {k: v for k, v in s.items() if k != "partition"})]
     keys = list(dict.fromkeys(flat))
@@ -169,59 +181,98 @@ def summary_html(summaries: list[dict], shared: dict | None = None) -> str:
     plotted = ("responses.lengths", "tokens.lengths", "probe.by_position")
     untabled = (*plotted, "tokens.special_tokens", "tokens.audit.examples")
     keys = [k for k in keys if not k.startswith(untabled)]
-    head = "".join(f"<th>{html.escape(s['partition'])}</th>" for s in summaries)
     values = [dict(_flat("", s)) for s in summaries]
-    rows = "".join(
-        f"<tr><td>{html.escape(k)}</td>" + "".join(f"<td>{html.escape(v.get(k, ''))}</td>" for v in values) + "</tr>"
-        for k in keys
-    )
-    figures = "".join(f"<h2>{html.escape(title)}</h2>{image}" for title, image in report_plots.figures(summaries))
-    return (
-        "<html><head><meta charset='utf-8'><title>eagle3-datagen summary</title></head><body>"
-        "<h1>eagle3-datagen: per-partition summary</h1>"
-        f"{figures}{probe_section(summaries)}{shared_section(shared)}"
-        f"<h2>All numbers</h2><table border='1' cellpadding='3'><tr><th>metric</th>{head}</tr>{rows}</table>"
-        "</body></html>\n"
+    return _TEMPLATES.get_template("summary.html.j2").render(
+        figures=report_plots.figures(summaries),
+        probe=probe_section(summaries),
+        evaluation=evaluation_section([evaluation_figures(e) for e in evaluations]),
+        shared=shared_rows(shared),
+        partitions=[s["partition"] for s in summaries],
+        numbers=[[k, *(v.get(k, "") for v in values)] for k in keys],
     )
 
 
-def shared_section(shared: dict | None) -> str:
+def shared_rows(shared: dict | None) -> list[list]:
+    """The shared-prompt table's rows: each pair of partitions, then each partition against all others."""
     if not shared or not shared["pairs"]:
-        return ""
-    rows = "".join(f"<tr><td>{html.escape(pair)}</td><td>{n}</td></tr>" for pair, n in shared["pairs"].items())
-    rows += "".join(
-        f"<tr><td>{html.escape(name)}: in another partition</td><td>{n}</td></tr>"
-        for name, n in shared["per_partition"].items()
-    )
-    return (
-        "<h2>Prompts shared between partitions (same content id)</h2>"
-        f"<table border='1' cellpadding='3'><tr><th>partitions</th><th>prompts</th></tr>{rows}</table>"
-    )
+        return []
+    return [[pair, n] for pair, n in shared["pairs"].items()] + [
+        [f"{name}: in another partition", n] for name, n in shared["per_partition"].items()
+    ]
 
 
-def probe_section(summaries: list[dict]) -> str:
+def probe_section(summaries: list[dict]) -> dict | None:
     probed = [s for s in summaries if s.get("probe")]
     if not probed:
-        return ""
-    rows = "".join(
-        f"<tr><td>{html.escape(s['partition'])}</td><td>{html.escape(', '.join(s['probe']['backend']))}</td>"
-        f"<td>{s['probe']['greedy_exact']}</td>"
-        + "".join(
-            f"<td>{s['probe'][scope].get('top1_agreement', float('nan')):.4f}</td>"
-            for scope in ("last_turn", "last_turn_first_positions", "earlier_turns")
-        )
-        + f"<td>{s['probe']['all'].get('mean_logprob', float('nan')):.3f}</td>"
-        f"<td>{s['probe']['all'].get('outside_top5', float('nan')):.4f}</td>"
-        f"<td>{html.escape(str(s['probe']['verdicts']))}</td></tr>"
+        return None
+    rows = [
+        [
+            s["partition"],
+            ", ".join(s["probe"]["backend"]),
+            s["probe"]["greedy_exact"],
+            *(
+                f"{s['probe'][scope].get('top1_agreement', float('nan')):.4f}"
+                for scope in ("last_turn", "last_turn_first_positions", "earlier_turns")
+            ),
+            f"{s['probe']['all'].get('mean_logprob', float('nan')):.3f}",
+            f"{s['probe']['all'].get('outside_top5', float('nan')):.4f}",
+            s["probe"]["verdicts"],
+        ]
         for s in probed
-    )
-    return (
-        "<h2>Probe: the target's LM head on the stored final states</h2>"
-        "<table border='1' cellpadding='3'><tr><th>partition</th><th>backend</th><th>greedy, exact IDs</th>"
-        "<th>top-1 agreement, last turns</th><th>first positions</th><th>earlier turns</th>"
-        "<th>mean log-prob</th><th>outside top-5</th><th>verdicts</th></tr>"
-        f"{rows}</table>{report_plots.agreement_by_position(probed)}"
-    )
+    ]
+    return {"rows": rows, "figure": report_plots.agreement_by_position(probed)}
+
+
+def evaluation_figures(acceptance: dict) -> dict:
+    """What the report shows of one acceptance.json (stages/evaluate/measure.py): the measured acceptance
+    length and its interval, by draft position, the trainer's estimate, and the draft trained on the
+    dataset's original responses where the run had that baseline (`baseline`: None without one)."""
+    baseline = acceptance.get("baseline")
+    return {
+        **{
+            key: acceptance[key]
+            for key in (
+                "partition",
+                "acceptance_length",
+                "interval_95",
+                "acceptance_by_position",
+                "prompts",
+                "verify_steps",
+                "measured_by",
+            )
+        },
+        "trainer_estimate": acceptance["trainer_estimate"]["acceptance_length"],
+        "baseline": {k: baseline[k] for k in ("acceptance_length", "difference", "difference_interval_95")}
+        if baseline
+        else None,
+    }
+
+
+def evaluation_section(evaluations: list[dict]) -> dict | None:
+    if not evaluations:
+        return None
+    rows = [
+        [
+            e["partition"],
+            f"{e['acceptance_length']:.3f}",
+            _interval(e["interval_95"]),
+            f"{e['trainer_estimate']:.3f}",
+            e["prompts"],
+            e["verify_steps"],
+            *(
+                [f"{b['acceptance_length']:.3f}", f"{b['difference']:.3f}", _interval(b["difference_interval_95"])]
+                if (b := e["baseline"])
+                else ["-", "-", "-"]
+            ),
+        ]
+        for e in evaluations
+    ]
+    measured_by = sorted({e["measured_by"] for e in evaluations})
+    return {"rows": rows, "measured_by": measured_by, "figure": report_plots.evaluation_figure(evaluations)}
+
+
+def _interval(bounds: list[float]) -> str:
+    return f"[{bounds[0]:.3f}, {bounds[1]:.3f}]"
 
 
 def write_partition_summary(out: str, **kwargs) -> dict:

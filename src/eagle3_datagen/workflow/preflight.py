@@ -1,6 +1,6 @@
 """Preflight: what would fail a scheduled job later, found before the first job runs.
 
-`rules/common.smk` calls `problems` twice: in `onstart`, where Snakemake has built the DAG and a
+The Snakefile calls `problems` twice: in `onstart`, where Snakemake has built the DAG and a
 real run stops on any problem before its first job (only the jobs it will run count: an OpenRouter
 key is needed only while OpenRouter responses are scheduled); and at parse time in a dry-run
 (`snakemake -n`, which calls no `onstart`), where each problem is printed as a warning, so that a
@@ -37,6 +37,11 @@ class Job:
 
     rule: str
     partition: str | None = None
+
+
+def scheduled_jobs(dag) -> list[Job]:
+    """The jobs Snakemake's `dag` will run (in `onstart`, once Snakemake has built it)."""
+    return [Job(job.rule.name, job.wildcards_dict.get("partition")) for job in dag.needrun_jobs()]
 
 
 def config_jobs(config: dict) -> list[Job]:

@@ -76,32 +76,23 @@ def _is_leaf(path: str) -> bool:
 
 
 def prompt_settings(config: dict, partition: str, commit: str | None = None) -> dict:
-    """The prompts rule's settings. Keys at their defaults are left out, so that a config written
-    before they existed keeps its params (and its finished prompts are not rescheduled).
+    """The prompts rule's settings: every key that shapes the partition's prompts.
 
-    A glob's, a directory's or a hub dataset's `source` is here, as no single input file names it; a hub
-    dataset's `commit` (its revision resolved from the cache, source_commits) too, so a new one reruns the
-    partition.
+    A glob's, a directory's or a hub dataset's `source` is here, as no single input file names it (a file
+    source is the rule's input: None here); a hub dataset's `commit` (its revision resolved from the cache,
+    source_commits) too, so a new one reruns the partition.
     """
     part = config["partitions"][partition]
-    # no system prompt, no cap on prompts: None
-    settings = {
+    return {
         "format": part["format"],
-        "system_prompt": part.get("system_prompt"),
-        "max_prompts": part.get("max_prompts"),
+        # not set: None (no system prompt, no cap on prompts, the source's own subset, split and revision)
+        **{key: part.get(key) for key in ("system_prompt", "max_prompts", "subset", "split", "revision")},
+        "max_bad_record_rate": part["max_bad_record_rate"],
+        "allow_empty": part["allow_empty"],
+        "source": None if source_is_input(part["source"]) else part["source"],
+        "commit": commit,
+        "drop_shared_with": earlier_partitions(config, partition),
     }
-    if part.get("max_bad_record_rate"):
-        settings["max_bad_record_rate"] = part["max_bad_record_rate"]
-    if part.get("source") is not None and not source_is_input(part["source"]):
-        settings["source"] = part["source"]
-    settings.update({k: part[k] for k in ("subset", "split", "revision") if part.get(k) is not None})
-    if commit:
-        settings["commit"] = commit
-    if part.get("allow_empty"):
-        settings["allow_empty"] = True
-    if earlier := earlier_partitions(config, partition):
-        settings["drop_shared_with"] = earlier
-    return settings
 
 
 def earlier_partitions(config: dict, partition: str) -> list[str]:
@@ -348,6 +339,14 @@ def _takes(source: str, key: str) -> bool:
 # The only folder the demo may build its model in: Snakemake removes a directory() output before the job
 # that rebuilds it, so a demo pointed at a user's own model directory would delete it.
 DEMO_MODEL_ROOT = "results"
+
+
+def config_problems(config: dict, config_files: list, check_sources: bool) -> list[str]:
+    """What the Snakefile refuses before any job, one message each: a source that cannot be read
+    (`check_sources`: not with an object store as default storage, whose plugin checks its objects
+    itself), settings that would delete a model the workflow did not make, or that no reader could take."""
+    missing = missing_sources(config, config_files) if check_sources else []
+    return missing + demo_model_problems(config) + storage_problems(config)
 
 
 def demo_model_problems(config: dict) -> list[str]:

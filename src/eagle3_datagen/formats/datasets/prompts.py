@@ -158,14 +158,9 @@ def prompt_messages(messages: list[dict], system_prompt: str | None, notes: Coun
 
 
 def conversation_id(messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
-    """Stable content id: equal prompts get equal ids, which is also how duplicates are found.
-
-    A prompt with tools or recorded calls hashes them too; one without keeps its earlier id.
-    """
-    if tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
-        canonical = orjson.dumps({"tools": tools or [], "messages": messages}, option=orjson.OPT_SORT_KEYS)
-    else:
-        canonical = orjson.dumps([[m["role"], m["content"]] for m in messages])
+    """Stable content id of the prompt's messages (recorded calls and results included) and tools: equal
+    prompts get equal ids, which is also how duplicates are found."""
+    canonical = orjson.dumps({"tools": tools or [], "messages": messages}, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(canonical).hexdigest()[:24]
 
 
