@@ -202,6 +202,75 @@ def wait_until(condition, timeout=60.0, interval=0.1) -> bool:
     return True
 
 
+# The responses backends against the loopback server (tests/doubles/loopback.py).
+KEY_ENV = "E3DG_TEST_OPENROUTER_KEY"
+FAST_RETRY = defaults("inference.sglang.retry", initial_backoff=0.01, max_backoff=0.05)
+SAMPLING = defaults("inference.sampling", max_new_tokens=64, temperature=0.0)
+
+
+@pytest.fixture
+def api_key(monkeypatch):
+    """The OpenRouter key the loopback server expects, in the environment variable the backend reads."""
+    monkeypatch.setenv(KEY_ENV, "test-key-123")
+    return "test-key-123"
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir(tmp_path_factory, qwen_tokenizer) -> Path:
+    """A model directory `Tiny-Model` holding Qwen3's tokenizer only: the loopback server serves no weights."""
+    path = tmp_path_factory.mktemp("served") / "Tiny-Model"
+    qwen_tokenizer.save_pretrained(path)
+    return path
+
+
+def prompts_file(tmp_path: Path, n: int, turns: int = 1, name: str = "prompts.jsonl.zst") -> Path:
+    """`n` prompts of `turns` user turns each after a system prompt, ids id0000, id0001, ..."""
+    from eagle3_datagen.formats.files import write_jsonl_zst
+
+    rows = []
+    for i in range(n):
+        messages = [{"role": "system", "content": "Be brief."}]
+        for t in range(turns):
+            messages.append({"role": "user", "content": f"Question {i}.{t} about topic {i * 7 % 11}"})
+        rows.append({"id": f"id{i:04d}", "source": "test", "messages": messages})
+    path = tmp_path / name
+    write_jsonl_zst(path, rows)
+    return path
+
+
+def openrouter_backend(url: str, **settings):
+    from eagle3_datagen.backends.openrouter import OpenRouterBackend
+
+    return OpenRouterBackend(
+        SAMPLING,
+        defaults(
+            "inference.openrouter",
+            base_url=url,
+            model="moonshotai/kimi-k2.5",
+            api_key_env=KEY_ENV,
+            retry=FAST_RETRY,
+            **settings,
+        ),
+    )
+
+
+def sglang_backend(model_dir: Path, url: str, **settings):
+    from eagle3_datagen.backends.sglang.generate import SGLangBackend
+
+    return SGLangBackend(
+        model_dir, SAMPLING, defaults("inference.sglang", url=url, retry=FAST_RETRY, **settings), defaults("model")
+    )
+
+
+def run_responses(tmp_path: Path, prompts: Path, backend, budgets=None) -> dict:
+    """The journaled responses driver on `prompts` into tmp_path/out.jsonl.zst; its stats."""
+    from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
+
+    return run_journaled_responses(
+        prompts, tmp_path / "out.jsonl.zst", tmp_path / "stats.json", backend, budgets or Budgets()
+    )
+
+
 @pytest.fixture
 def node(tmp_path, monkeypatch):
     """A node directory of the test's own (jobs find it through TMPDIR); no node service left behind."""

@@ -11,11 +11,7 @@ from eagle3_datagen.formats.datasets import FORMATS, conversation_id, normalize
 from eagle3_datagen.formats.files import InputError, read_jsonl
 from eagle3_datagen.stages.prompts import build_prompts, shard_of
 
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
+from .records import GLAIVE_CHAIN, write_jsonl
 
 SHAREGPT = {
     "id": "s1",
@@ -199,54 +195,6 @@ def test_prompt_settings_hold_every_key_and_name_earlier_partitions_only_when_dr
     config["prompts"] = {"shared_across_partitions": "drop"}
     assert prompt_settings(config, "b")["drop_shared_with"] == ["a"]
     assert prompt_settings(config, "a")["drop_shared_with"] == []
-
-
-GLAIVE_FUNCTIONS = """SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -
-{
-    "name": "calculate_factorial",
-    "description": "Calculate the factorial of a given number",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "number": {
-                "type": "integer",
-                "description": "The number to calculate factorial for"
-            }
-        },
-        "required": [
-            "number"
-        ]
-    }
-}
-
-{
-    "name": "get_news_headlines",
-    "description": "Get the latest news headlines",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "country": {
-                "type": "string"
-            }
-        }
-    }
-}
-"""
-GLAIVE_CHAIN = {
-    "system": GLAIVE_FUNCTIONS,
-    "chat": "USER: Hi, I need to calculate the factorial of 5. Can you help me with that?\n\n\n"
-    'ASSISTANT: <functioncall> {"name": "calculate_factorial", "arguments": \'{"number": 5}\'} <|endoftext|>\n\n\n'
-    'FUNCTION RESPONSE: {"result": 120}\n\n\n'
-    "ASSISTANT: The factorial of 5 is 120. <|endoftext|>\n\n\n"
-    "USER: And the news for the United States?\n\n\n"
-    'ASSISTANT: <functioncall> {"name": "get_news_headlines", "arguments": \'{\n'
-    '  "country": "United States"\n'
-    "}'} <|endoftext|>\n\n\n"
-    'FUNCTION RESPONSE: {"headlines": ["A", "B"]}\n\n\n'
-    "ASSISTANT: Here are the headlines: A, B. <|endoftext|>\n\n\n"
-    "USER: Thanks!\n\n\n"
-    "ASSISTANT: You're welcome! <|endoftext|>",
-}
 
 
 def test_glaive_functions_calls_and_results_become_openai_tools_with_kimi_ids(tmp_path):
