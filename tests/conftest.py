@@ -87,17 +87,30 @@ def snakemake(args: list[str], cwd: Path, check=True) -> subprocess.CompletedPro
     return run([str(Path(sys.executable).parent / "snakemake"), *args], cwd, check=check)
 
 
-# Fixtures that run the workflow (or a model fit) end to end: a test that takes one is in the e2e tier.
-E2E_FIXTURES = {"demo_dir", "production_dir", "tiny_kimi_dir", "tiny_kimi_responses", "slurm_cluster"}
+def scheduled(output: str) -> list[tuple[str, str]]:
+    """(rule, partition or '') of every job a verbose dry-run lists, as the plan reads them."""
+    from eagle3_datagen.reporting.plan import scheduled_jobs
+
+    return [(job.rule, job.partition or "") for job in scheduled_jobs(output)]
+
+
+# Fixtures that run the workflow (or a model fit) end to end: a test that takes one is in a file marked e2e.
+E2E_FIXTURES = {"demo_dir", "production_dir", "tiny_kimi_dir", "tiny_kimi_responses"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tiers by what a test needs, so that a new test lands in the right one: `e2e` for the end-to-end
-    fixtures, `slurm` for the test cluster, `sglang` for everything under tests/real_sglang."""
+    """Each file says its tier in one line (`pytestmark = pytest.mark.e2e`); the folders tests/real_sglang
+    and tests/trainers are tiers of their own. A test that takes an end-to-end fixture in a file not
+    marked e2e stops the collection, naming the file and the fix, so that it never lands in the fast tier.
+    The SLURM test cluster's users are marked `slurm` by the fixture they take."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        if fixtures & E2E_FIXTURES:
-            item.add_marker(pytest.mark.e2e)
+        if fixtures & E2E_FIXTURES and not item.get_closest_marker("e2e"):
+            raise pytest.UsageError(
+                f"{item.nodeid} takes {', '.join(sorted(fixtures & E2E_FIXTURES))}, which runs the workflow end "
+                f"to end, but {item.path.name} is not marked e2e: move the test to an e2e file, or give the file "
+                "`pytestmark = pytest.mark.e2e` if all of its tests are end to end"
+            )
         if "slurm_cluster" in fixtures:
             item.add_marker(pytest.mark.slurm)
         if "real_sglang" in item.path.parts:
@@ -172,6 +185,28 @@ def tiny_qwen3(vocab_size: int, num_layers: int = 8, **overrides):
         **overrides,
     )
     return Qwen3ForCausalLM(config)
+
+
+# Hidden-state settings of the shard tests: float32 states, 1 MiB parts, 64-token batches.
+HIDDEN_SETTINGS = defaults("hidden_states", dtype="float32", shard_bytes=1 << 20, max_batch_tokens=64)
+
+
+def make_samples(n, seed=0, lo=3, hi=40) -> list[dict]:
+    """`n` token samples of random ids below 512, `lo` to `hi` long, the second half of each trained."""
+    import random
+
+    rng = random.Random(seed)
+    samples = []
+    for i in range(n):
+        length = rng.randint(lo, hi)
+        samples.append(
+            {
+                "id": f"s{i}",
+                "input_ids": [rng.randrange(512) for _ in range(length)],
+                "loss_mask": [int(k >= length // 2) for k in range(length)],
+            }
+        )
+    return samples
 
 
 @pytest.fixture(scope="session")

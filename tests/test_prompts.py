@@ -5,12 +5,14 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 import zstandard
 
 from eagle3_datagen.formats.datasets import FORMATS, conversation_id, normalize
 from eagle3_datagen.formats.files import InputError, read_jsonl
 from eagle3_datagen.stages.prompts import build_prompts, shard_of
 
+from .conftest import copy_workflow, scheduled, snakemake
 from .records import GLAIVE_CHAIN, write_jsonl
 
 SHAREGPT = {
@@ -409,3 +411,27 @@ def test_question_answer_and_alpaca_history_layouts(tmp_path):
     assert first["messages"] == [{"role": "user", "content": "How do I reverse a list in Python?"}]
     assert first["source"]["format"] == "query_answer"
     assert [m["content"] for m in second["messages"]] == ["Reverse a list?", "And a tuple?"]
+
+
+def test_shared_prompts_drop_makes_later_partitions_read_the_earlier_ones_prompts(tmp_path):
+    """`keep` (the default) leaves the prompts rules independent; `drop` gives a partition the prompt shards
+    of those before it in name order."""
+    work = copy_workflow(tmp_path / "wf")
+    target = ["-n", "-p", "--profile", "profiles/local", "results/demo_sharegpt/prompts/stats.json"]
+    keep = snakemake(target, work).stdout
+    assert sorted(r for r, _ in scheduled(keep)) == ["prompts_demo_sharegpt"]
+    assert (
+        "python scripts/prompts.py --source resources/demo/data/sharegpt.jsonl --earlier  --out "
+        "results/demo_sharegpt/prompts/00000.jsonl.zst results/demo_sharegpt/prompts/00001.jsonl.zst --stats"
+    ) in keep
+    config = yaml.safe_load((work / "config.yaml").read_text())
+    config["prompts"] = {"shared_across_partitions": "drop"}
+    (work / "drop.yaml").write_text(yaml.safe_dump(config))
+    drop = snakemake([*target, "--configfile", "drop.yaml"], work).stdout
+    assert sorted(r for r, _ in scheduled(drop)) == [
+        "prompts_demo_alpaca",
+        "prompts_demo_openai",
+        "prompts_demo_sharegpt",
+    ]
+    earlier = "results/demo_alpaca/prompts/00000.jsonl.zst results/demo_openai/prompts/00000.jsonl.zst"
+    assert f"--earlier {earlier} results/demo_openai/prompts/00001.jsonl.zst --out" in drop
