@@ -1,4 +1,4 @@
-"""What the repository ships: the README's commands, configs that pass the schema, scripts that answer
+"""What the repository ships: CI running the README's test command, configs that pass the schema, scripts that answer
 --help, no default profile."""
 
 import subprocess
@@ -13,10 +13,9 @@ from .conftest import REPO, readme_commands
 SCHEMA = REPO / "schemas" / "config.schema.yaml"
 
 
-def test_readme_gives_demo_and_test_commands():
-    demo, tests = readme_commands()[:2]
-    assert demo == "make demo" and tests == "make test"
-    assert "make test" in (REPO / ".ci" / "run").read_text()
+def test_ci_runs_the_readmes_test_command():
+    """tests/test_readme.py holds the README to its two commands; CI runs the second."""
+    assert readme_commands()[1] in (REPO / ".ci" / "run").read_text().splitlines()
 
 
 @pytest.mark.parametrize(
