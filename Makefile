@@ -79,9 +79,9 @@ test: slurm-packages install sglang-env speculators-env specforge-env ## every t
 	OMP_WAIT_POLICY=PASSIVE $(MAKE) --no-print-directory -j2 --output-sync=target test-main test-apart
 
 # Main-suite files that run in the second run, after the SGLang and trainer tiers, so that the two runs
-# end together (the main suite alone ran about 6 minutes longer). Each holds its own fixtures: the SLURM
-# tests also no longer wait for the test cluster while the SGLang tier holds it.
-MAIN_BESIDE := tests/test_slurm.py tests/test_tiny_kimi.py
+# end together (the main suite alone ran about 6 minutes longer; the tiny Kimi workflow, fixtures of its
+# own, is about 3 of them).
+MAIN_BESIDE := tests/test_tiny_kimi.py
 test-main: install ## the main suite, but for MAIN_BESIDE (part of make test)
 	mkdir -p $(TEST_TMP)/main
 	TMPDIR=$(TEST_TMP)/main pytest -q --durations=25 $(addprefix --ignore=,$(MAIN_BESIDE))
