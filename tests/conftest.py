@@ -87,17 +87,30 @@ def snakemake(args: list[str], cwd: Path, check=True) -> subprocess.CompletedPro
     return run([str(Path(sys.executable).parent / "snakemake"), *args], cwd, check=check)
 
 
-# Fixtures that run the workflow (or a model fit) end to end: a test that takes one is in the e2e tier.
-E2E_FIXTURES = {"demo_dir", "production_dir", "tiny_kimi_dir", "tiny_kimi_responses", "slurm_cluster"}
+def scheduled(output: str) -> list[tuple[str, str]]:
+    """(rule, partition or '') of every job a verbose dry-run lists, as the plan reads them."""
+    from eagle3_datagen.reporting.plan import scheduled_jobs
+
+    return [(job.rule, job.partition or "") for job in scheduled_jobs(output)]
+
+
+# Fixtures that run the workflow (or a model fit) end to end: a test that takes one is in a file marked e2e.
+E2E_FIXTURES = {"demo_dir", "production_dir", "tiny_kimi_dir", "tiny_kimi_responses"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tiers by what a test needs, so that a new test lands in the right one: `e2e` for the end-to-end
-    fixtures, `slurm` for the test cluster, `sglang` for everything under tests/real_sglang."""
+    """Each file says its tier in one line (`pytestmark = pytest.mark.e2e`); the folders tests/real_sglang
+    and tests/trainers are tiers of their own. A test that takes an end-to-end fixture in a file not
+    marked e2e stops the collection, naming the file and the fix, so that it never lands in the fast tier.
+    The SLURM test cluster's users are marked `slurm` by the fixture they take."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        if fixtures & E2E_FIXTURES:
-            item.add_marker(pytest.mark.e2e)
+        if fixtures & E2E_FIXTURES and not item.get_closest_marker("e2e"):
+            raise pytest.UsageError(
+                f"{item.nodeid} takes {', '.join(sorted(fixtures & E2E_FIXTURES))}, which runs the workflow end "
+                f"to end, but {item.path.name} is not marked e2e: move the test to an e2e file, or give the file "
+                "`pytestmark = pytest.mark.e2e` if all of its tests are end to end"
+            )
         if "slurm_cluster" in fixtures:
             item.add_marker(pytest.mark.slurm)
         if "real_sglang" in item.path.parts:
@@ -174,6 +187,28 @@ def tiny_qwen3(vocab_size: int, num_layers: int = 8, **overrides):
     return Qwen3ForCausalLM(config)
 
 
+# Hidden-state settings of the shard tests: float32 states, 1 MiB parts, 64-token batches.
+HIDDEN_SETTINGS = defaults("hidden_states", dtype="float32", shard_bytes=1 << 20, max_batch_tokens=64)
+
+
+def make_samples(n, seed=0, lo=3, hi=40) -> list[dict]:
+    """`n` token samples of random ids below 512, `lo` to `hi` long, the second half of each trained."""
+    import random
+
+    rng = random.Random(seed)
+    samples = []
+    for i in range(n):
+        length = rng.randint(lo, hi)
+        samples.append(
+            {
+                "id": f"s{i}",
+                "input_ids": [rng.randrange(512) for _ in range(length)],
+                "loss_mask": [int(k >= length // 2) for k in range(length)],
+            }
+        )
+    return samples
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A random 8-layer Qwen3 with a small vocabulary, for hidden-state tests."""
@@ -200,6 +235,83 @@ def wait_until(condition, timeout=60.0, interval=0.1) -> bool:
             return False
         time.sleep(interval)
     return True
+
+
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# The responses backends against the loopback server (tests/doubles/loopback.py).
+KEY_ENV = "E3DG_TEST_OPENROUTER_KEY"
+FAST_RETRY = defaults("inference.sglang.retry", initial_backoff=0.01, max_backoff=0.05)
+SAMPLING = defaults("inference.sampling", max_new_tokens=64, temperature=0.0)
+
+
+@pytest.fixture
+def api_key(monkeypatch):
+    """The OpenRouter key the loopback server expects, in the environment variable the backend reads."""
+    monkeypatch.setenv(KEY_ENV, "test-key-123")
+    return "test-key-123"
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir(tmp_path_factory, qwen_tokenizer) -> Path:
+    """A model directory `Tiny-Model` holding Qwen3's tokenizer only: the loopback server serves no weights."""
+    path = tmp_path_factory.mktemp("served") / "Tiny-Model"
+    qwen_tokenizer.save_pretrained(path)
+    return path
+
+
+def prompts_file(tmp_path: Path, n: int, turns: int = 1, name: str = "prompts.jsonl.zst") -> Path:
+    """`n` prompts of `turns` user turns each after a system prompt, ids id0000, id0001, ..."""
+    from eagle3_datagen.formats.files import write_jsonl_zst
+
+    rows = []
+    for i in range(n):
+        messages = [{"role": "system", "content": "Be brief."}]
+        for t in range(turns):
+            messages.append({"role": "user", "content": f"Question {i}.{t} about topic {i * 7 % 11}"})
+        rows.append({"id": f"id{i:04d}", "source": "test", "messages": messages})
+    path = tmp_path / name
+    write_jsonl_zst(path, rows)
+    return path
+
+
+def openrouter_backend(url: str, **settings):
+    from eagle3_datagen.backends.openrouter import OpenRouterBackend
+
+    return OpenRouterBackend(
+        SAMPLING,
+        defaults(
+            "inference.openrouter",
+            base_url=url,
+            model="moonshotai/kimi-k2.5",
+            api_key_env=KEY_ENV,
+            retry=FAST_RETRY,
+            **settings,
+        ),
+    )
+
+
+def sglang_backend(model_dir: Path, url: str, **settings):
+    from eagle3_datagen.backends.sglang.generate import SGLangBackend
+
+    return SGLangBackend(
+        model_dir, SAMPLING, defaults("inference.sglang", url=url, retry=FAST_RETRY, **settings), defaults("model")
+    )
+
+
+def run_responses(tmp_path: Path, prompts: Path, backend, budgets=None) -> dict:
+    """The journaled responses driver on `prompts` into tmp_path/out.jsonl.zst; its stats."""
+    from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
+
+    return run_journaled_responses(
+        prompts, tmp_path / "out.jsonl.zst", tmp_path / "stats.json", backend, budgets or Budgets()
+    )
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.probe import LMHead, probe_shard
 from eagle3_datagen.stages.vocab import loss_token_counts, run_vocab, vocab_mapping
 
-from .conftest import REPO, probe_settings
-from .test_hidden import SETTINGS, make_samples
+from .conftest import HIDDEN_SETTINGS as SETTINGS
+from .conftest import REPO, make_samples, probe_settings
 
 STORAGE = {
     "bf16": {"dtype": "bfloat16"},

@@ -1,5 +1,4 @@
 import json
-import random
 
 import pytest
 import torch
@@ -9,28 +8,14 @@ from transformers import AutoModelForCausalLM
 from eagle3_datagen.backends.base import CaptureBackend, Ranks
 from eagle3_datagen.backends.batching import plan_batches
 from eagle3_datagen.backends.hf.capture import HFCapture
-from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.hidden_codec import Codec, byte_planes, dequantize, from_byte_planes, quantize
 from eagle3_datagen.formats.hidden_shard import COLUMNS, HiddenShard, plan_parts, resolve_aux_layers
 from eagle3_datagen.stages.hidden import shard
 from eagle3_datagen.stages.hidden.shard import capture_shard
 
-SETTINGS = fill_defaults({"dtype": "float32", "shard_bytes": 1 << 20, "max_batch_tokens": 64}, "hidden_states")
-
-
-def make_samples(n, seed=0, lo=3, hi=40):
-    rng = random.Random(seed)
-    samples = []
-    for i in range(n):
-        length = rng.randint(lo, hi)
-        samples.append(
-            {
-                "id": f"s{i}",
-                "input_ids": [rng.randrange(512) for _ in range(length)],
-                "loss_mask": [int(k >= length // 2) for k in range(length)],
-            }
-        )
-    return samples
+# SETTINGS and make_samples are named here too for tests/test_capture_runner.py and tests/test_faults.py
+from .conftest import HIDDEN_SETTINGS as SETTINGS
+from .conftest import make_samples
 
 
 @pytest.fixture(scope="module")

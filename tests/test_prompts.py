@@ -5,17 +5,15 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 import zstandard
 
 from eagle3_datagen.formats.datasets import FORMATS, conversation_id, normalize
 from eagle3_datagen.formats.files import InputError, read_jsonl
 from eagle3_datagen.stages.prompts import build_prompts, shard_of
 
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
+from .conftest import copy_workflow, scheduled, snakemake
+from .records import GLAIVE_CHAIN, write_jsonl
 
 SHAREGPT = {
     "id": "s1",
@@ -199,54 +197,6 @@ def test_prompt_settings_hold_every_key_and_name_earlier_partitions_only_when_dr
     config["prompts"] = {"shared_across_partitions": "drop"}
     assert prompt_settings(config, "b")["drop_shared_with"] == ["a"]
     assert prompt_settings(config, "a")["drop_shared_with"] == []
-
-
-GLAIVE_FUNCTIONS = """SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -
-{
-    "name": "calculate_factorial",
-    "description": "Calculate the factorial of a given number",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "number": {
-                "type": "integer",
-                "description": "The number to calculate factorial for"
-            }
-        },
-        "required": [
-            "number"
-        ]
-    }
-}
-
-{
-    "name": "get_news_headlines",
-    "description": "Get the latest news headlines",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "country": {
-                "type": "string"
-            }
-        }
-    }
-}
-"""
-GLAIVE_CHAIN = {
-    "system": GLAIVE_FUNCTIONS,
-    "chat": "USER: Hi, I need to calculate the factorial of 5. Can you help me with that?\n\n\n"
-    'ASSISTANT: <functioncall> {"name": "calculate_factorial", "arguments": \'{"number": 5}\'} <|endoftext|>\n\n\n'
-    'FUNCTION RESPONSE: {"result": 120}\n\n\n'
-    "ASSISTANT: The factorial of 5 is 120. <|endoftext|>\n\n\n"
-    "USER: And the news for the United States?\n\n\n"
-    'ASSISTANT: <functioncall> {"name": "get_news_headlines", "arguments": \'{\n'
-    '  "country": "United States"\n'
-    "}'} <|endoftext|>\n\n\n"
-    'FUNCTION RESPONSE: {"headlines": ["A", "B"]}\n\n\n'
-    "ASSISTANT: Here are the headlines: A, B. <|endoftext|>\n\n\n"
-    "USER: Thanks!\n\n\n"
-    "ASSISTANT: You're welcome! <|endoftext|>",
-}
 
 
 def test_glaive_functions_calls_and_results_become_openai_tools_with_kimi_ids(tmp_path):
@@ -461,3 +411,27 @@ def test_question_answer_and_alpaca_history_layouts(tmp_path):
     assert first["messages"] == [{"role": "user", "content": "How do I reverse a list in Python?"}]
     assert first["source"]["format"] == "query_answer"
     assert [m["content"] for m in second["messages"]] == ["Reverse a list?", "And a tuple?"]
+
+
+def test_shared_prompts_drop_makes_later_partitions_read_the_earlier_ones_prompts(tmp_path):
+    """`keep` (the default) leaves the prompts rules independent; `drop` gives a partition the prompt shards
+    of those before it in name order."""
+    work = copy_workflow(tmp_path / "wf")
+    target = ["-n", "-p", "--profile", "profiles/local", "results/demo_sharegpt/prompts/stats.json"]
+    keep = snakemake(target, work).stdout
+    assert sorted(r for r, _ in scheduled(keep)) == ["prompts_demo_sharegpt"]
+    assert (
+        "python scripts/prompts.py --source resources/demo/data/sharegpt.jsonl --earlier  --out "
+        "results/demo_sharegpt/prompts/00000.jsonl.zst results/demo_sharegpt/prompts/00001.jsonl.zst --stats"
+    ) in keep
+    config = yaml.safe_load((work / "config.yaml").read_text())
+    config["prompts"] = {"shared_across_partitions": "drop"}
+    (work / "drop.yaml").write_text(yaml.safe_dump(config))
+    drop = snakemake([*target, "--configfile", "drop.yaml"], work).stdout
+    assert sorted(r for r, _ in scheduled(drop)) == [
+        "prompts_demo_alpaca",
+        "prompts_demo_openai",
+        "prompts_demo_sharegpt",
+    ]
+    earlier = "results/demo_alpaca/prompts/00000.jsonl.zst results/demo_openai/prompts/00000.jsonl.zst"
+    assert f"--earlier {earlier} results/demo_openai/prompts/00001.jsonl.zst --out" in drop

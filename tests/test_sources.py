@@ -6,7 +6,6 @@ import bz2
 import gzip
 import json
 import lzma
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -21,16 +20,7 @@ from eagle3_datagen.formats.files import InputError, read_jsonl
 from eagle3_datagen.formats.sources import Source
 from eagle3_datagen.stages.prompts import build_prompts
 
-REPO = Path(__file__).resolve().parents[1]
-REALDATA = REPO / "tests" / "fixtures" / "realdata"
-MANIFEST = [line.split("\t")[:2] for line in (REALDATA / "manifest.tsv").read_text().splitlines()[1:]]
-# One file of each turn layout, with tool definitions whose JSON differs from record to record.
-SHAREGPT, OPENAI, ALPACA, TOOLS = (
-    "sharegpt_vicuna.jsonl",
-    "code_feedback.jsonl",
-    "alpaca_llamafactory.jsonl",
-    "glaive_toolcall_llamafactory.jsonl",
-)
+from .records import ALPACA, MANIFEST, OPENAI, REALDATA, SHAREGPT, TOOLS, as_dataset, hub_cache, hub_layout
 
 datasets.disable_progress_bars()
 
@@ -43,11 +33,6 @@ def prompts(source, fmt: str, stats: Counter | None = None) -> list[tuple]:
 
 def expected(name: str) -> list[tuple]:
     return prompts(REALDATA / name, dict(MANIFEST)[name])
-
-
-def as_dataset(name: str, cache: Path) -> datasets.Dataset:
-    """The file as `datasets` loads it: JSON lines into an Arrow file in its cache."""
-    return datasets.Dataset.from_json(str(REALDATA / name), cache_dir=str(cache))
 
 
 def test_compressed_json_lines_and_arrays_give_the_jsonl_prompts(tmp_path):
@@ -95,27 +80,6 @@ def test_save_to_disk_directories_give_the_jsonl_prompts_and_a_dataset_dict_need
         InputError, match=r"saved DatasetDict has splits \['test', 'train'\]. Fix: set the partition's `split`"
     ):
         prompts(tmp_path / ALPACA / "dict", "alpaca")
-
-
-def hub_layout(root: Path, names: list[str], cache: Path) -> Path:
-    """A dataset repository as `push_to_hub` lays it out: the default subset's shards under data/
-    (`train-00000-of-00002.parquet`), another subset's in its own folder, named by the README's configs."""
-    for index, name in enumerate(names):
-        dataset = as_dataset(name, cache)
-        folder = root / ("data" if index == 0 else f"subset{index}")
-        folder.mkdir(parents=True, exist_ok=True)
-        for shard in range(2):
-            part = dataset.shard(2, shard, contiguous=True)
-            part.to_parquet(str(folder / f"train-{shard:05d}-of-00002.parquet"))
-        dataset.select([0]).to_parquet(str(folder / "test-00000-of-00001.parquet"))
-    configs = "".join(
-        f"- config_name: {'default' if i == 0 else f'subset{i}'}\n  data_files:\n"
-        f"  - split: train\n    path: {'data' if i == 0 else f'subset{i}'}/train-*\n"
-        f"  - split: test\n    path: {'data' if i == 0 else f'subset{i}'}/test-*\n"
-        for i in range(len(names))
-    )
-    (root / "README.md").write_text(f"---\nconfigs:\n{configs}---\n")
-    return root
 
 
 def test_hub_snapshot_directories_and_globs_of_their_shards_give_the_jsonl_prompts(tmp_path):
@@ -227,33 +191,6 @@ def test_a_partition_without_prompts_fails_with_its_reason_unless_it_may_be_empt
     assert written["prompts"] == 0 and read_jsonl(shard) == []
 
 
-def hub_cache(cache: Path, repo: str, snapshot_from: Path, revision: str = "main") -> str:
-    """Put a dataset repository's files into a Hugging Face cache as huggingface_hub lays one out
-    (blobs by content hash, snapshots/<commit>/ linking to them, refs/<revision> naming the commit),
-    through its own helpers, since a download is the only public way to fill one and tests have no
-    network. Returns the commit."""
-    import hashlib
-
-    from huggingface_hub.file_download import (
-        _cache_commit_hash_for_specific_revision,
-        _create_symlink,
-        repo_folder_name,
-    )
-
-    storage = cache / repo_folder_name(repo_id=repo, repo_type="dataset")
-    files = sorted(p for p in snapshot_from.rglob("*") if p.is_file())
-    commit = hashlib.sha1(b"".join(p.read_bytes() for p in files)).hexdigest()
-    for path in files:
-        blob = storage / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(path.read_bytes())
-        link = storage / "snapshots" / commit / path.relative_to(snapshot_from)
-        link.parent.mkdir(parents=True, exist_ok=True)
-        _create_symlink(str(blob), str(link))
-    _cache_commit_hash_for_specific_revision(str(storage), revision, commit)
-    return commit
-
-
 @pytest.fixture
 def offline_cache(tmp_path, monkeypatch):
     from huggingface_hub import constants
@@ -363,60 +300,3 @@ def test_the_workflow_checks_sources_and_puts_a_hub_datasets_commit_in_the_promp
         "allow_empty": False,
         "drop_shared_with": [],
     }
-
-
-@pytest.mark.e2e
-def test_the_workflow_reads_a_hub_dataset_reruns_it_for_a_new_commit_only_and_fails_an_empty_partition(
-    tmp_path, monkeypatch
-):
-    """Snakemake on a copy of the workflow: prompts from a hub dataset in the cache equal those of its
-    JSONL; a new commit under `main` reschedules that partition's prompts and no other's; an empty source
-    fails its job with the reason on the console, and passes with `allow_empty: true`."""
-    import yaml
-
-    from eagle3_datagen.reporting.plan import scheduled_jobs
-
-    from .conftest import copy_workflow, snakemake
-
-    work = copy_workflow(tmp_path / "wf")
-    cache = tmp_path / "hf-cache"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    first = hub_cache(cache, "owner/chats", hub_layout(tmp_path / "v1", [ALPACA], tmp_path / "ds-cache"))
-    (work / "data").mkdir()
-    shutil.copy(REALDATA / ALPACA, work / "data" / ALPACA)
-    (work / "data" / "empty.jsonl").write_text("")
-    config = yaml.safe_load((work / "config.yaml").read_text())
-    config["partitions"] = {
-        "hub": {"source": "hf:owner/chats", "split": "train", "format": "alpaca", "shards": 2},
-        "local": {"source": f"data/{ALPACA}", "format": "alpaca", "shards": 2},
-        "saved": {"source": "data/saved", "format": "alpaca", "shards": 2},
-    }
-    as_dataset(ALPACA, tmp_path / "ds-cache").save_to_disk(work / "data" / "saved")
-    (work / "c.yaml").write_text(yaml.safe_dump(config))
-    targets = [f"results/{p}/prompts/stats.json" for p in ("hub", "local", "saved")]
-    snakemake([*targets, "-c1", "--configfile", "c.yaml"], work)
-    hub, local, saved = (json.loads((work / t).read_text()) for t in targets)
-    assert hub["commit"] == first and hub["prompts"] == local["prompts"] == saved["prompts"] == 40
-    ids = {
-        p: sorted(q["id"] for s in ("00000", "00001") for q in read_jsonl(work / f"results/{p}/prompts/{s}.jsonl.zst"))
-        for p in ("hub", "local", "saved")
-    }
-    assert ids["hub"] == ids["local"] == ids["saved"]
-
-    second = hub_cache(cache, "owner/chats", hub_layout(tmp_path / "v2", [SHAREGPT, ALPACA], tmp_path / "ds-cache"))
-    assert second != first
-    dry = snakemake([*targets, "-n", "--configfile", "c.yaml"], work).stdout
-    assert [job.rule for job in scheduled_jobs(dry)] == ["prompts_hub"], dry
-
-    config["partitions"] = {"empty": {"source": "data/empty.jsonl", "format": "sharegpt", "shards": 1}}
-    (work / "c.yaml").write_text(yaml.safe_dump(config))
-    failed = snakemake(["results/empty/prompts/stats.json", "-c1", "--configfile", "c.yaml"], work, check=False)
-    assert failed.returncode != 0
-    reason = "data/empty.jsonl: no prompts: data/empty.jsonl holds no record"
-    assert reason in (work / "logs/empty/prompts.log").read_text()
-    assert reason in failed.stdout + failed.stderr
-    config["partitions"]["empty"]["allow_empty"] = True
-    (work / "c.yaml").write_text(yaml.safe_dump(config))
-    snakemake(["results/empty/prompts/stats.json", "-c1", "--configfile", "c.yaml"], work)
-    assert json.loads((work / "results/empty/prompts/stats.json").read_text())["prompts"] == 0

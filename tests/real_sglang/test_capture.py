@@ -11,7 +11,7 @@ from eagle3_datagen.backends.sglang.capture import SGLangCapture, load_sglang_ca
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.diagnostics.gpu_check import agreement_by_layer, format_table, random_batch
 
-from ..test_hidden import make_samples
+from ..conftest import make_samples
 from .conftest import MAX_BATCH_TOKENS
 
 

@@ -20,7 +20,7 @@ from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.hidden_codec import Codec
 from eagle3_datagen.formats.hidden_shard import HiddenShard, plan_parts
 
-from ..test_hidden import make_samples
+from ..conftest import make_samples
 from .conftest import CPU_CAPTURE_SETTINGS
 
 SETTINGS = fill_defaults(

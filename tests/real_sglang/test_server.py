@@ -5,11 +5,9 @@ One server serves the whole module; it is started the way the workflow's server 
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -21,7 +19,7 @@ from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
 
-from ..conftest import free_port
+from ..conftest import free_port, process_exists, wait_until
 from .conftest import CPU_LAUNCH_ARGS
 
 JOB = """
@@ -52,14 +50,9 @@ def server(tmp_path_factory, served_model_dir):
     yield url, server_pid
     job.send_signal(signal.SIGTERM)
     assert job.wait(timeout=120) != 0
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            os.kill(server_pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    pytest.fail("the SGLang server outlived its job's SIGTERM")
+    assert wait_until(lambda: not process_exists(server_pid), timeout=60), (
+        "the SGLang server outlived its job's SIGTERM"
+    )
 
 
 @pytest.fixture(scope="module")

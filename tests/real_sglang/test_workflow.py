@@ -17,7 +17,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 
-from ..conftest import REPO, copy_workflow
+from ..conftest import REPO, copy_workflow, wait_until
 from ..slurm import NODE_SIZED, SLURM_ARGS, sacct_jobs, without_timings
 from .conftest import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS, SGLANG_CPU_ENV
 
@@ -302,9 +301,7 @@ def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 900
-    while not recorded.exists() and run.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: recorded.exists() or run.poll() is not None, timeout=900, interval=0.2)
     assert recorded.exists(), "the first shard of the added partition never finished"
     os.killpg(run.pid, signal.SIGKILL)  # Snakemake and its jobs; the server's supervisor is its own session
     run.wait()

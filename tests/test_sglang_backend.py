@@ -1,0 +1,89 @@
+"""The SGLang backend against the loopback server: tiers, exact output IDs, the served model's check,
+and the server a job launches itself (up during the job, stopped after it and on SIGTERM)."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from eagle3_datagen.backends.base import ServerError
+from eagle3_datagen.backends.sglang.server import launched_server
+from eagle3_datagen.chat.template import load_tokenizer
+from eagle3_datagen.formats.files import read_jsonl
+from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
+
+from .conftest import defaults, free_port, process_exists, prompts_file, run_responses, sglang_backend, wait_until
+
+
+def test_sglang_returns_exact_ids_through_two_tiers(tmp_path, qwen_tokenizer_dir):
+    server = Loopback(
+        str(qwen_tokenizer_dir),
+        tokenizer=load_tokenizer(qwen_tokenizer_dir),
+        faults=FaultPlan(every=3, sequence=[503, 500], retry_after=0),
+    )
+    tiers = {
+        "short": {"max_prompt_tokens": 40, "concurrency": 4, "max_tokens": 64},
+        "long": {"concurrency": 2, "max_tokens": 3},
+    }
+    with serve_in_thread(server) as url:
+        backend = sglang_backend(qwen_tokenizer_dir, url, tiers=tiers)
+        stats = run_responses(tmp_path, prompts_file(tmp_path, 12, turns=2), backend)
+    rows = read_jsonl(tmp_path / "out.jsonl.zst")
+    turns = [m for r in rows for m in r["messages"] if m["role"] == "assistant"]
+    short = [t for t in turns if t["produced_by"]["tier"] == "short"]
+    long = [t for t in turns if t["produced_by"]["tier"] == "long"]
+    assert short and long
+    assert all(t["output_ids"][-1] == 151645 and t["finish_reason"] == "stop" for t in short)
+    assert all(len(t["output_ids"]) == 3 and t["finish_reason"] == "length" for t in long)  # the long tier's cap
+    assert all(t["content"].startswith("Answer ") for t in short)
+    assert stats["status"]["truncated"] == len({r["id"] for r in rows if r["status"] == "truncated"})
+
+
+def test_sglang_refuses_a_server_with_another_model(tmp_path, qwen_tokenizer_dir):
+    mismatch = pytest.raises(ServerError, match="serves '/models/Other-Model', not the configured model 'Tiny-Model'")
+    with serve_in_thread(Loopback("/models/Other-Model")) as url, mismatch:
+        run_responses(tmp_path, prompts_file(tmp_path, 1), sglang_backend(qwen_tokenizer_dir, url))
+
+
+def test_launched_server_is_healthy_during_the_job_and_stopped_after(tmp_path, qwen_tokenizer_dir):
+    port = free_port()
+    launch = defaults(
+        "inference.sglang.launch",
+        command=[sys.executable, "-m", "tests.doubles.loopback"],
+        args=["--tp", "8"],
+        health_timeout=120,
+    )
+    url = f"http://127.0.0.1:{port}"
+    with launched_server(qwen_tokenizer_dir, url, launch, tmp_path / "server.log") as process:
+        stats = run_responses(tmp_path, prompts_file(tmp_path, 3), sglang_backend(qwen_tokenizer_dir, url))
+        assert process.poll() is None
+    assert stats["status"] == {"ok": 3}
+    assert process.poll() is not None
+
+
+def test_sigterm_stops_a_launched_server(tmp_path, qwen_tokenizer_dir):
+    port = free_port()
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from eagle3_datagen.backends.sglang.server import launched_server\n"
+            "from eagle3_datagen.config_schema import fill_defaults\n"
+            "launch = {'command': [sys.executable, '-m', 'tests.doubles.loopback'], 'health_timeout': 120}\n"
+            "launch = fill_defaults(launch, 'inference.sglang.launch')\n"
+            f"with launched_server({str(qwen_tokenizer_dir)!r}, 'http://127.0.0.1:{port}', launch,"
+            f" {str(tmp_path / 's.log')!r}) as p:\n"
+            "    print(p.pid, flush=True)\n"
+            "    time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    server_pid = int(job.stdout.readline())
+    os.kill(server_pid, 0)  # running
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=60) != 0
+    assert wait_until(lambda: not process_exists(server_pid), timeout=30), "the server outlived the job"
