@@ -28,8 +28,8 @@ from eagle3_datagen.stages.export import export
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
 
-from .conftest import KEY_ENV, REPO, SAMPLING, defaults, make_samples, prompts_file, wait_until
 from .conftest import HIDDEN_SETTINGS as SETTINGS
+from .conftest import KEY_ENV, REPO, SAMPLING, defaults, make_samples, prompts_file, wait_until
 from .test_capture_runner import hidden_job, runner_log, settings
 
 pytestmark = pytest.mark.mount
