@@ -1,13 +1,16 @@
-"""Stopped runs: the real workflow (`snakemake --profile profiles/local`, the demo's real capture runner
-as the node service) signalled while the runner is up, then rerun.
+"""Stopped runs: the real workflow (the demo's real capture runner as the node service) signalled while
+the runner is up, then rerun: locally (`--profile profiles/local`) and on the SLURM test cluster
+(`--profile profiles/slurm`, tests/slurm).
 
 Each test starts from a copy of the finished demo (`demo_dir`) without demo_sharegpt's hidden-state
-shards, so the run captures them again through the node's runner, and the signal arrives once the
-runner is ready and the first shard's job has handed it its request. The rerun's outputs are compared
-with the uninterrupted demo's: every hidden-state part, the exports and the draft vocabulary byte for
-byte; each shard's index.json and probe report without their wall-clock fields (`without_timings`:
-throughput and seconds differ between any two runs). The summary and the report hold timings only
-and are not compared.
+shards and what is made of them, so the run captures them again through the node's runner, and the
+stop comes once the runner is ready and the first shard's job has handed it its request. The outputs
+after the rerun are compared with the uninterrupted demo's: every hidden-state part, the exports and
+the draft vocabulary byte for byte (less the working directory the exports' README and yaml files
+name, and those files' checksums); each shard's index.json and probe report without their wall-clock
+fields (`without_timings`: throughput and seconds differ between any two runs). results/report (the
+summaries, with timings) is not compared. The SLURM tests run the hidden-state shards only and compare
+those.
 """
 
 import json
@@ -21,11 +24,12 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from eagle3_datagen.backends import node_service
 
 from .conftest import wait_until
-from .slurm import without_timings
+from .slurm import NODE_SIZED, SLURM_ARGS, sacct_jobs, without_timings
 
 PARTITION = "demo_sharegpt"
 HIDDEN = f"results/{PARTITION}/hidden"
@@ -186,4 +190,96 @@ def test_a_stopped_run_ends_its_jobs_and_runner_and_the_rerun_equals_an_uninterr
     print(
         f"\n{name} to {'the group' if to_group else 'Snakemake'}: gone after {stopped['gone_after_s']} s, "
         f"shards finished before the stop {len(kept)}, rerun {rerun_s:.0f} s"
+    )
+
+
+def slurm_node_dir(work: Path) -> Path | None:
+    """The node directory of the allocation whose runner has a shard in hand, if any yet."""
+    return next((d for d in (work / "tmp").glob("eagle3-datagen-*-slurm*") if capture_requested(d)), None)
+
+
+def sacct_state(job: str) -> str:
+    return sacct_jobs(job)[0]["state"] if sacct_jobs(job) else "UNKNOWN"
+
+
+def past_time_limit(job: str, record: dict) -> float:
+    """Stall the capture (the runner stopped with SIGSTOP holds the job's shard and never answers) and
+    give the job a 1-minute time limit: SLURM ends it (SIGTERM to every step, SIGKILL KillWait later).
+    Returns the seconds until the limit."""
+    os.killpg(record["service_pid"], signal.SIGSTOP)
+    elapsed = int(subprocess.run(["sacct", "-j", job, "-X", "-n", "-o", "ElapsedRaw"], capture_output=True,
+                                 text=True, check=True).stdout.split()[0])  # fmt: skip
+    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=1"], check=True)
+    return 60 - elapsed
+
+
+def at_once(*command: str):
+    """A stop that `command JOB` makes at once (0 s until it takes effect)."""
+
+    def stop(job: str, _record: dict) -> float:
+        subprocess.run([*command, job], check=True)
+        return 0.0
+
+    return stop
+
+
+SLURM_STOPS = {
+    # SIGTERM to the job's steps (scancel signals the batch step only with --batch or --full).
+    "scancel": at_once("scancel", "--signal=TERM"),
+    "requeue": at_once("scontrol", "requeue"),
+    "time-limit": past_time_limit,
+}
+
+
+@pytest.mark.parametrize("stop", list(SLURM_STOPS))
+def test_a_stopped_slurm_job_ends_its_runner_and_the_rerun_equals_an_uninterrupted_run(
+    demo_dir, slurm_cluster, tmp_path, stop
+):
+    """The capture group job (both shards, one allocation) stopped with `scancel --signal=TERM`, requeued
+    with `scontrol requeue`, or run past its time limit (its capture stalled, so that it outlasts
+    slurmctld's periodic check: the demo's shards take seconds)."""
+    work = tmp_path / "wf"
+    env = stoppable_copy(demo_dir, work)
+    config = yaml.safe_load((work / "config.yaml").read_text())
+    (work / "slurm.yaml").write_text(yaml.safe_dump({**config, **NODE_SIZED}))
+    targets = [f"{HIDDEN}/{shard.name}" for shard in sorted((demo_dir / HIDDEN).iterdir())]
+    command = [str(Path(sys.executable).parent / "snakemake"), *targets, *SLURM_ARGS, "--configfile", "slurm.yaml"]
+    with open(work / "stopped.log", "w") as out:
+        run = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            assert wait_until(lambda: slurm_node_dir(work) or run.poll() is not None, timeout=600, interval=0.1)
+            node = slurm_node_dir(work)
+            assert node is not None, (work / "stopped.log").read_text()
+            job = node.name.rpartition("-slurm")[2]
+            record = json.loads((node / node_service.RECORD).read_text())
+            signalled = time.monotonic() + SLURM_STOPS[stop](job, record)  # when the job is past its limit
+            assert wait_until(lambda: not node_service.pid_alive(record["pid"]), timeout=300, interval=0.1)
+            runner_gone_s = time.monotonic() - signalled
+            states = set()
+            assert wait_until(lambda: states.add(sacct_state(job)) or run.poll() is not None, timeout=900, interval=1)
+        finally:
+            if group_alive(run.pid):
+                os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    steps = sacct_jobs(job, steps=True)
+    # slurmctld checks time limits every 30 s; then KillWait (30 s) before SIGKILL
+    assert runner_gone_s < (90 if stop == "time-limit" else 30)
+    # scancel and the time limit fail the job (the main run too); a requeued job runs again and completes.
+    assert ("REQUEUED" in states and run.returncode == 0) if stop == "requeue" else run.returncode != 0
+    # A shard directory is there whole (moved into place with its index) or not at all.
+    assert [p for p in (work / HIDDEN).glob("[0-9]*") if not (p / "index.json").exists()] == []
+    kept = {p: (p / "index.json").stat().st_mtime_ns for p in (work / HIDDEN).glob("[0-9]*")}
+    reran = None
+    if run.returncode != 0:
+        started = time.monotonic()
+        rerun = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
+        assert rerun.returncode == 0, rerun.stdout[-4000:] + rerun.stderr[-4000:]
+        reran = time.monotonic() - started
+    assert {p: (p / "index.json").stat().st_mtime_ns for p in kept} == kept  # finished shards not redone
+    hidden = {k: v for k, v in compared_outputs(work, work).items() if k.startswith(HIDDEN)}
+    assert hidden == {k: v for k, v in compared_outputs(demo_dir, demo_dir).items() if k.startswith(HIDDEN)}
+    print(
+        f"\n{stop}: runner gone after {runner_gone_s:.1f} s; job states seen {sorted(states)}; "
+        f"steps {[(s['id'], s['name'], s['state']) for s in steps]}; snakemake exit {run.returncode}; "
+        f"shards kept {len(kept)}; rerun {reran and round(reran)} s"
     )
