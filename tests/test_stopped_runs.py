@@ -31,6 +31,8 @@ from eagle3_datagen.backends import node_service
 from .conftest import wait_until
 from .slurm import NODE_SIZED, SLURM_ARGS, sacct_jobs, without_timings
 
+pytestmark = pytest.mark.e2e
+
 PARTITION = "demo_sharegpt"
 HIDDEN = f"results/{PARTITION}/hidden"
 
