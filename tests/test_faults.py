@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3_datagen.backends.service.record import running_record
 from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.backends.service.record import running_record
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.formats.journal import journal_path

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_datagen.backends.service import Service, ServiceError, launch
-from eagle3_datagen.backends.service.record import POLL_S, STOP, node_dir, locked, running_record
+from eagle3_datagen.backends.service.record import POLL_S, STOP, locked, node_dir, running_record
 
 log = logging.getLogger(__name__)
 

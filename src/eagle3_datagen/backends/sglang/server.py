@@ -1,5 +1,5 @@
-"""`sglang.launch_server`: its command line, its health check, the server for one job's duration
-(`launched_server`) or shared by the node's shard jobs (`server_service`)."""
+"""`sglang.launch_server`: its command line, its health check, the server for one block of one process
+(`launched_server`: the GPU check) or shared by the node's shard jobs (`server_service`)."""
 
 from __future__ import annotations
 
