@@ -128,7 +128,10 @@ def supervise(service: Service, token: str, loads: str) -> None:
 
 def _mark_ready(service: Service, directory, token: str, seconds: float, loads: str) -> None:
     log.info("%s ready after %.1f s", service.name, seconds)
-    append_load(loads, service.kind, service.model, seconds, socket.gethostname())
+    try:
+        append_load(loads, service.kind, service.model, seconds, socket.gethostname())
+    except OSError as e:  # the plan then assumes plan.load_seconds; the jobs need the service, not the record
+        log.warning("could not record the load in %s: %s", loads, e)
     with locked(directory):
         update_record(directory, token, ready_s=round(seconds, 1))
 
