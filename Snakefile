@@ -5,7 +5,7 @@ from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import min_version, validate
 
-from eagle3_datagen.backends.node_service import request_stop
+from eagle3_datagen.backends.service.lease import request_stop
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.workflow import cluster_fit, preflight
 from eagle3_datagen.workflow.config_errors import describe

@@ -1,5 +1,5 @@
 # One job per shard, every backend. The shard jobs of partitions that a launched SGLang server
-# answers (responses_sglang_server) share one server per node (backends/node_service.py): it is
+# answers (responses_sglang_server) share one server per node (backends/service/): it is
 # no job's input or output, so adding a partition or a shard reschedules no finished shard.
 rule responses:
     input:

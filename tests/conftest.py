@@ -317,11 +317,12 @@ def run_responses(tmp_path: Path, prompts: Path, backend, budgets=None) -> dict:
 @pytest.fixture
 def node(tmp_path, monkeypatch):
     """A node directory of the test's own (jobs find it through TMPDIR); no node service left behind."""
-    from eagle3_datagen.backends import node_service
+    from eagle3_datagen.backends.service.lease import request_stop
+    from eagle3_datagen.backends.service.record import node_dir, running_record
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    yield node_service.node_dir()
-    node_service.request_stop()
-    wait_until(lambda: node_service._record(node_service.node_dir()) is None, timeout=60)
+    yield node_dir()
+    request_stop()
+    wait_until(lambda: running_record(node_dir()) is None, timeout=60)

@@ -14,7 +14,7 @@ import torch
 
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.config_schema import fill_defaults
-from eagle3_datagen.formats.files import write_jsonl_zst
+from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.hidden.shard import capture_shard
 
@@ -62,6 +62,8 @@ def test_shard_jobs_share_one_runner_and_write_what_an_in_process_capture_writes
         assert hidden_job(tmp_path, tokens, out, settings(tiny_model_dir)).wait() == 0
     log = runner_log(tmp_path)
     assert log.count("starting the capture runner") == 1 and log.count("capture runner ready after") == 1
+    (load,) = read_jsonl(tmp_path / "logs/capture_runner/loads.jsonl")  # the one load, recorded for the plan
+    assert (load["service"], load["model"]) == ("capture_runner", str(tiny_model_dir.resolve()))
     assert log.count("capturing ") == 3
     job_log = (tmp_path / "out1.log").read_text()
     assert "using the capture runner already running on this node" in job_log
@@ -111,6 +113,7 @@ def test_a_failed_shard_fails_its_job_and_a_runner_for_other_settings_replaces_t
     assert hidden_job(tmp_path, tokens, tmp_path / "o3", settings(tiny_model_dir, final="normed")).wait() == 0
     log = runner_log(tmp_path)
     assert log.count("capture runner ready after") == 3
+    assert len(read_jsonl(tmp_path / "logs/capture_runner/loads.jsonl")) == 3
     assert log.count("no job uses the capture runner; stopping it") == 1  # replaced for final: normed
     assert json.loads((tmp_path / "o3/index.json").read_text())["final"] == "normed"
     assert os.path.exists(tmp_path / "o2/index.json")

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3_datagen.backends import node_service
 from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.backends.service.record import running_record
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.formats.journal import journal_path
@@ -91,7 +91,7 @@ def test_a_full_disk_during_capture_fails_the_job_saying_so_and_the_rerun_keeps_
     kept = sorted((disk.path / ".out.partial").glob("part-*.xxh3_64"))  # the parts written whole
     assert len(kept) >= 3
     # The runner stopped after the failed shard: no service left running.
-    assert wait_until(lambda: node_service._record(node) is None, timeout=30)
+    assert wait_until(lambda: running_record(node) is None, timeout=30)
 
     disk.free()
     assert hidden_job(tmp_path, tmp_path / "t.jsonl.zst", out, job_settings).wait() == 0

@@ -9,19 +9,24 @@ tests/real_sglang/test_workflow.py runs the real server this way.
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+from datetime import datetime
 
 import pytest
 
-from eagle3_datagen.backends import node_service
-from eagle3_datagen.backends.node_service import healthy, pid_alive, request_stop
+from eagle3_datagen.backends.service import Service, launch
+from eagle3_datagen.backends.service.lease import request_stop
+from eagle3_datagen.backends.service.record import node_dir, pid_alive, running_record
+from eagle3_datagen.backends.service.supervise import healthy
+from eagle3_datagen.formats.files import read_jsonl
 
 from .conftest import REPO, free_port, wait_until
 
 JOB = """
 import sys, time
-from eagle3_datagen.backends.node_service import using
+from eagle3_datagen.backends.service.lease import using
 from eagle3_datagen.backends.sglang.server import server_service
 from eagle3_datagen.config_schema import fill_defaults
 launch = {"command": [sys.executable, "-m", "tests.doubles.loopback"], "health_timeout": 120, "idle_timeout": %r}
@@ -33,7 +38,7 @@ with using(server_service(%r, %r, launch, %r)):
 
 
 def supervisor() -> dict | None:
-    return node_service._record(node_service.node_dir())
+    return running_record(node_dir())
 
 
 def job(model_dir, url, log, hold_s=0.5, idle_s=8.0):
@@ -72,6 +77,12 @@ def test_shard_jobs_share_one_server_that_stops_when_idle(tmp_path, node, model_
     again = job(model_dir, url, log)  # after it stopped: a new one
     assert again.communicate(timeout=60)[0] == "served\n"
     assert log.read_text().count("starting the SGLang server") == 2
+    # each load recorded for the plan, beside the service's log
+    loads = read_jsonl(tmp_path / "loads.jsonl")
+    assert [(r["service"], r["model"], r["node"]) for r in loads] == [
+        ("generation_server", str(model_dir.resolve()), socket.gethostname())
+    ] * 2
+    assert all(0 < r["seconds"] < 120 and datetime.fromisoformat(r["time"]).tzinfo for r in loads)
 
 
 def test_a_job_killed_with_9_does_not_keep_the_server_and_a_stop_request_ends_it(tmp_path, node, model_dir, url):
@@ -130,13 +141,13 @@ def test_under_slurm_the_supervisor_is_a_job_step_of_its_own(monkeypatch, tmp_pa
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURMD_NODENAME", "gpu-07")
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "96")
-    monkeypatch.setattr(node_service.shutil, "which", lambda name: f"/usr/bin/{name}")
-    service = node_service.Service("capture runner", "k", ["torchrun"], str(tmp_path / "runner.log"), gpus=8)
-    step = node_service._slurm_step(service)
+    monkeypatch.setattr(launch.shutil, "which", lambda name: f"/usr/bin/{name}")
+    service = Service("capture runner", "capture_runner", "/m", "k", ["torchrun"], str(tmp_path / "runner.log"), gpus=8)
+    step = launch.slurm_step(service)
     assert step[:7] == ["srun", "--overlap", "--jobid=42", "--nodes=1", "--ntasks=1", "--nodelist=gpu-07", "--mem=0"]
     assert "--cpus-per-task=96" in step and "--gpus=8" in step
     assert f"--output={tmp_path / 'runner.log'}" in step and "--open-mode=append" in step
-    assert node_service.node_dir().name.endswith("-slurm42")
-    assert node_service.log_path("logs/capture_runner/runner.log").name == "runner.slurm-42.log"
+    assert node_dir().name.endswith("-slurm42")
+    assert launch.log_path("logs/capture_runner/runner.log").name == "runner.slurm-42.log"
     monkeypatch.delenv("SLURM_JOB_ID")
-    assert node_service._slurm_step(service) == []
+    assert launch.slurm_step(service) == []

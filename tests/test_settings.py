@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from eagle3_datagen import config_schema
+from eagle3_datagen.formats.service_loads import append_load
 from eagle3_datagen.workflow import settings as wf
 
 from .conftest import REPO, copy_workflow, snakemake
@@ -377,13 +378,32 @@ def test_the_plan_counts_one_load_per_node_or_allocation_and_reads_measured_load
     grouped = [ScheduledJob("hidden_states", p, n // 16) for n, (p, _) in enumerate(shards)]
     grouped.append(ScheduledJob("hidden_states", "B1_glaive", None))
     assert plan_loads(config, grouped, tmp_path, per_allocation=True)["capture_runner"]["loads"] == 3
+    # Load times come from the services' load records (formats/service_loads.py), one file per allocation;
+    # another model's loads do not count.
     (tmp_path / "sglang_server").mkdir()
-    (tmp_path / "sglang_server" / "server.log").write_text(
-        "2026-12-03 18:00:00,000 INFO __main__: starting the SGLang server on gpu-1: ...\n"
-        "[2026-12-03 18:00:05] some SGLang line\n"
-        "2026-12-03 18:04:10,500 INFO __main__: SGLang server ready after 250.5 s\n"
-    )
-    (tmp_path / "sglang_server" / "server.slurm-7.log").write_text("INFO __main__: SGLang server ready after 239.5 s\n")
-    measured = plan_loads(config, jobs, tmp_path)["generation_server"]
-    assert measured["seconds_each"] == pytest.approx((250.5 + 239.5) / 2) and measured["basis"].startswith("measured")
+    for name, seconds, model in (("loads", 250.5, "/models/Kimi-K2.5"), ("loads.slurm-7", 239.5, "/models/Kimi-K2.5")):
+        append_load(tmp_path / "sglang_server" / f"{name}.jsonl", "generation_server", model, seconds, "gpu-1")
+    append_load(tmp_path / "sglang_server" / "loads.jsonl", "generation_server", "/models/Other", 10.0, "gpu-1")
+    measured = plan_loads(config, jobs, tmp_path)
+    assert measured["generation_server"]["seconds_each"] == pytest.approx((250.5 + 239.5) / 2)
+    assert measured["generation_server"]["basis"] == "measured, mean of 2 in logs/"
+    assert measured["capture_runner"] == once
     assert plan_loads(config, [ScheduledJob("tokens", "B1_glaive", None)], tmp_path)["generation_server"]["loads"] == 0
+
+
+def test_the_plan_reads_load_times_from_the_load_records_not_the_log_wording(tmp_path):
+    """Whatever the services' logs say (reworded, or an older wording with other numbers), the plan's load
+    times are the load records'."""
+    from eagle3_datagen.reporting.plan import ScheduledJob, plan_loads
+
+    config = config_schema.fill_defaults(yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text()))
+    jobs = [ScheduledJob("hidden_states", "B1_glaive", None)]
+    runner = tmp_path / "capture_runner"
+    runner.mkdir()
+    (runner / "runner.log").write_text("INFO __main__: capture runner ready after 999.0 s\n")
+    assert plan_loads(config, jobs, tmp_path)["capture_runner"]["basis"] == "plan.load_seconds"  # no record yet
+    append_load(runner / "loads.jsonl", "capture_runner", "/models/Kimi-K2.5", 321.0, "gpu-1")
+    planned = plan_loads(config, jobs, tmp_path)
+    (runner / "runner.log").write_text("INFO __main__: the capture runner answers now (took 5 s)\n")
+    assert plan_loads(config, jobs, tmp_path) == planned
+    assert planned["capture_runner"]["seconds_each"] == 321.0

@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from eagle3_datagen.backends import node_service
+from eagle3_datagen.backends.service.record import pid_alive, running_record
+from eagle3_datagen.backends.service.supervise import LIVENESS_INTERVAL_S
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
@@ -50,10 +51,8 @@ RUNNER_SETTINGS = fill_defaults(
 
 def service_pid(node) -> int:
     """The running server's own pid (its supervisor's record), once it is ready."""
-    assert wait_until(lambda: (node_service._record(node) or {}).get("service_pid"), timeout=600, interval=0.2)
-    record = node_service._record(node)
-    assert wait_until(lambda: (node / node_service.READY).exists(), timeout=600, interval=0.2)
-    return record["service_pid"]
+    assert wait_until(lambda: "ready_s" in (running_record(node) or {}), timeout=600, interval=0.2)
+    return running_record(node)["service_pid"]
 
 
 def journaled(out) -> int:
@@ -124,8 +123,8 @@ def test_a_killed_and_a_hung_server_are_restarted_and_the_shard_loses_no_prompt(
     assert wait_until(restarted(2), timeout=HANG_TIMEOUT + 60, interval=0.05)
     hang_noticed_s = time.monotonic() - started
     # silent for hang_timeout s since its last answer, asked every LIVENESS_INTERVAL_S s
-    assert HANG_TIMEOUT - node_service.LIVENESS_INTERVAL_S <= hang_noticed_s <= HANG_TIMEOUT + 30
-    assert wait_until(lambda: not node_service.pid_alive(stopped), timeout=10)  # killed, stopped as it was
+    assert HANG_TIMEOUT - LIVENESS_INTERVAL_S <= hang_noticed_s <= HANG_TIMEOUT + 30
+    assert wait_until(lambda: not pid_alive(stopped), timeout=10)  # killed, stopped as it was
 
     assert job.wait(timeout=600) == 0, job_log.read_text()[-4000:]
     log = job_log.read_text()
@@ -184,8 +183,8 @@ def test_a_rank_killed_mid_shard_ends_the_runner_and_the_job_and_the_rerun_keeps
     killed_at = time.monotonic()
     assert job.wait(timeout=120) == 2  # a user error: one line, exit 2
     job_ended_s = time.monotonic() - killed_at
-    assert wait_until(lambda: not node_service.pid_alive(ranks[0]), timeout=30)  # the other rank too
-    assert wait_until(lambda: node_service._record(node) is None, timeout=30)  # no runner left
+    assert wait_until(lambda: not pid_alive(ranks[0]), timeout=30)  # the other rank too
+    assert wait_until(lambda: running_record(node) is None, timeout=30)  # no runner left
     job_log = Path(f"{out}.log").read_text()
     # rank 0 saw its peer gone in the next collective (gloo), or torchrun ended it first
     assert re.search(r"Connection (closed|reset) by peer|the capture runner exited while capturing", job_log)

@@ -1,7 +1,7 @@
 """The `sglang` responses backend against a real `sglang.launch_server` (0.5.23, CPU, float32).
 
-One server serves the whole module; it is started the way the workflow's server job starts it
-(`launched_server`) inside a job process, and stopped at the end by SIGTERM to that job.
+One server serves the whole module; it is started by `launched_server` (as the GPU check starts one)
+inside a job process, and stopped at the end by SIGTERM to that job.
 """
 
 import json

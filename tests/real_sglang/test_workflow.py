@@ -170,6 +170,12 @@ def test_one_capture_runner_loaded_once_captured_every_shard(sglang_run):
     runner_log = (sglang_run / "logs/capture_runner/runner.log").read_text()
     assert runner_log.count(RUNNER_STARTED) == 1 and runner_log.count("capture runner ready after") == 1
     assert runner_log.count("capture runner loaded") == 1  # rank 0's log line, once per load
+    loads = {name: read_jsonl(sglang_run / f"logs/{name}/loads.jsonl") for name in ("sglang_server", "capture_runner")}
+    model = str((sglang_run / "results/demo/model").resolve())
+    assert {name: [(r["service"], r["model"]) for r in records] for name, records in loads.items()} == {
+        "sglang_server": [("generation_server", model)],
+        "capture_runner": [("capture_runner", model)],
+    }  # each load recorded once, for the plan
     lines = [line for line in runner_log.splitlines() if " capturing " in line]
     captured = [line.split(" into ")[1].split(" for job")[0] for line in lines]
     assert sorted(Path(p).relative_to(sglang_run).as_posix() for p in captured) == [
@@ -242,6 +248,7 @@ def test_under_slurm_each_model_loads_once_per_allocation_in_a_step_of_its_own(s
         assert text.count(f"starting the {name}") == 1
         assert f"starting the {name} on {allocation['node']} (SLURM job {allocation['id']}, step {step})" in text
         assert text.count(f"{name} ready after") == 1
+        assert len(read_jsonl(work / f"logs/{log.split('/')[0]}/loads.slurm-{allocation['id']}.jsonl")) == 1
 
 
 def test_under_slurm_the_outputs_equal_the_local_runs(slurm_run, sglang_run):

@@ -9,7 +9,8 @@ exist, from their observed completion tokens per turn. No model is loaded or cal
 It also counts how often each big model loads in the planned run: the generation server and the
 capture runner once on the node when any scheduled shard needs it (the node's shard jobs share it);
 under a cluster executor once per allocation (a group job, or a job outside any group); each load at
-`plan.load_seconds`, or what the services' logs measured in earlier runs.
+`plan.load_seconds`, or what the services' load records (`formats/service_loads.py`) measured in earlier
+runs of the same model.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import iter_jsonl, read_json
 from eagle3_datagen.formats.hidden_codec import Codec
 from eagle3_datagen.formats.hidden_shard import resolve_aux_layers
+from eagle3_datagen.formats.service_loads import read_loads
 from eagle3_datagen.workflow.settings import inference_backend, served_by_launched_server, shard_names
 
 
@@ -66,18 +68,9 @@ def scheduled_partitions(jobs: list[ScheduledJob], rules=(*RESPONSE_RULES, "hidd
     return {job.partition for job in jobs if job.rule in rules and job.partition}
 
 
-# What each model's service writes once it is ready (backends/node_service.py), in its logs under logs/.
-SERVICE_LOGS = {
-    "generation_server": ("sglang_server/server*.log", re.compile(r"SGLang server ready after ([\d.]+) s")),
-    "capture_runner": ("capture_runner/runner*.log", re.compile(r"capture runner ready after ([\d.]+) s")),
-}
-
-
-def measured_loads(logs: Path, model: str) -> list[float]:
-    """Seconds from each start of `model`'s service to its being ready, from its logs."""
-    pattern, ready = SERVICE_LOGS[model]
-    texts = [path.read_text(errors="replace") for path in sorted(logs.glob(pattern))]
-    return [float(match[1]) for text in texts for match in ready.finditer(text)]
+def measured_loads(logs: Path, service: str, model: str) -> list[float]:
+    """Seconds each earlier load of `model` by `service` took, from the services' load records under `logs`."""
+    return [r["seconds"] for r in read_loads(logs) if r["service"] == service and r["model"] == model]
 
 
 def count_loads(jobs: list[ScheduledJob], per_allocation: bool) -> int:
@@ -99,12 +92,13 @@ def plan_loads(config: dict, jobs: list[ScheduledJob], logs: str | Path = "logs"
         "capture_runner": count_loads(capturing, per_allocation),
     }
     configured = config["plan"]["load_seconds"]
+    model = str(Path(config["model"]["path"]).resolve())  # as the services record it
     loads = {}
-    for model, count in counts.items():
-        seen = measured_loads(Path(logs), model)
-        seconds = sum(seen) / len(seen) if seen else configured[model]
+    for service, count in counts.items():
+        seen = measured_loads(Path(logs), service, model)
+        seconds = sum(seen) / len(seen) if seen else configured[service]
         basis = f"measured, mean of {len(seen)} in logs/" if seen else "plan.load_seconds"
-        loads[model] = {"loads": count, "seconds_each": seconds, "basis": basis, "hours": count * seconds / 3600}
+        loads[service] = {"loads": count, "seconds_each": seconds, "basis": basis, "hours": count * seconds / 3600}
     return loads
 
 

@@ -1,5 +1,5 @@
-"""`sglang.launch_server`: its command line, its health check, the server for one job's duration
-(`launched_server`) or shared by the node's shard jobs (`server_service`)."""
+"""`sglang.launch_server`: its command line, its health check, the server for one block of one process
+(`launched_server`: the GPU check) or shared by the node's shard jobs (`server_service`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from eagle3_datagen.backends.base import ServerError
-from eagle3_datagen.backends.node_service import Service, healthy, process_group
+from eagle3_datagen.backends.service import Service
+from eagle3_datagen.backends.service.supervise import healthy, process_group
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +84,14 @@ def launched_server(model_path: str | Path, url: str, launch: dict, log_path: st
 
 
 def server_service(model_path: str | Path, url: str, launch: dict, log_path: str | Path, gpus: int = 0) -> Service:
-    """The launched server as the node's shared service (`node_service`): one per node for every shard job.
-    The model's path is absolute: jobs of another workflow directory on the node do not share it."""
-    command = server_command(Path(model_path).resolve(), url, launch)
+    """The launched server as the node's shared service (`backends.service`): one per node for every shard
+    job. The model's path is absolute: jobs of another workflow directory on the node do not share it."""
+    model = Path(model_path).resolve()
+    command = server_command(model, url, launch)
     return Service(
         name="SGLang server",
+        kind="generation_server",
+        model=str(model),
         key=json.dumps(command),
         command=command,
         log=str(log_path),

@@ -2,7 +2,7 @@
 hidden-state jobs send it.
 
 Each shard is still its own job, output and resume. The runner is a node service
-(`backends.node_service`: started by the first job on the node, stopped when no job uses it): with
+(`backends.service`: started by the first job on the node, stopped when no job uses it): with
 the `sglang` backend, SGLang's model runner under torchrun, one rank per GPU, ranks kept alive
 between shards; with `hf`, one transformers process.
 
@@ -27,7 +27,9 @@ import traceback
 from pathlib import Path
 
 from eagle3_datagen.backends.base import CaptureBackend, ServerError
-from eagle3_datagen.backends.node_service import SERVICE_DIR_ENV, Lease, Service, mark_loaded, pid_alive, using
+from eagle3_datagen.backends.service import Service
+from eagle3_datagen.backends.service.lease import Lease, using
+from eagle3_datagen.backends.service.record import SERVICE_DIR_ENV, mark_loaded, pid_alive
 from eagle3_datagen.formats.files import DiskFull, read_json, read_jsonl, reporting_full_disk, write_json
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ def runner_service(settings: dict, threads: int, script: str | Path) -> Service:
     runner = hidden["runner"]
     return Service(
         name="capture runner",
+        kind="capture_runner",
+        model=settings["model"]["path"],
         key=json.dumps(loads, sort_keys=True),
         command=command,
         log=LOG,

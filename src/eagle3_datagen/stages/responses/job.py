@@ -87,7 +87,7 @@ def _server(settings: dict, server_log: str | None, provenance: dict):
     """The node's shared SGLang server when the config launches one (every shard job on the node uses it)."""
     if settings["backend"] != "sglang" or "launch" not in settings["sglang"]:
         return contextlib.nullcontext()
-    from eagle3_datagen.backends.node_service import using
+    from eagle3_datagen.backends.service.lease import using
     from eagle3_datagen.backends.sglang.server import server_service
 
     sglang = settings["sglang"]
