@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_datagen.backends import node_service
+from eagle3_datagen.backends.service import record as service_record
 
 from .conftest import wait_until
 from .slurm import NODE_SIZED, SLURM_ARGS, sacct_jobs, without_timings
@@ -56,8 +56,10 @@ def node_of(work: Path) -> Path:
 
 
 def capture_requested(node: Path) -> bool:
-    """Whether the runner is ready and a hidden-state job has handed it a shard."""
-    return (node / node_service.READY).exists() and any((node / "requests").glob("*.request.json"))
+    """Whether the runner is ready (its record says when it became so) and a hidden-state job has handed
+    it a shard."""
+    record = service_record.read_record(node)
+    return bool(record and record.get("ready_s") is not None) and any((node / "requests").glob("*.request.json"))
 
 
 def group_alive(pgid: int) -> bool:
@@ -81,14 +83,14 @@ def stop_mid_capture(work: Path, env: dict, signum: int, to_group: bool) -> dict
         try:
             assert wait_until(lambda: capture_requested(node) or run.poll() is not None, timeout=600, interval=0.05)
             assert run.poll() is None, (work / "stopped.log").read_text()
-            record = json.loads((node / node_service.RECORD).read_text())
+            record = json.loads((node / service_record.RECORD).read_text())
             (os.killpg if to_group else os.kill)(run.pid, signum)
             signalled = time.monotonic()
             gone = {}
             watched = {
                 "snakemake": lambda: run.poll() is not None,
                 "jobs": lambda: not group_alive(run.pid),
-                "supervisor": lambda: not node_service.pid_alive(record["pid"]),
+                "supervisor": lambda: not service_record.pid_alive(record["pid"]),
                 "runner": lambda: not group_alive(record["service_pid"]),
             }
             while len(gone) < len(watched) and time.monotonic() - signalled < 120:
@@ -155,15 +157,15 @@ def rerun_and_compare(work: Path, env: dict, demo_dir: Path, kept: list[str]) ->
 
 
 def left_behind(work: Path) -> list[str]:
-    """What a stopped run left that could block or mislead its rerun: the runner's record or ready
-    mark, a registered job, a request the runner could still take (a job killed by SIGTERM leaves its
+    """What a stopped run left that could block or mislead its rerun: the runner's record,
+    a registered job, a request the runner could still take (a job killed by SIGTERM leaves its
     request file, which no runner takes: its pid is dead), a shard directory without its index (one
     that looks finished but is not)."""
     node = node_of(work)
-    found = [n for n in (node_service.RECORD, node_service.READY) if (node / n).exists()]
+    found = [service_record.RECORD] if (node / service_record.RECORD).exists() else []
     found += [str(p) for p in node.glob("users/*")]
     requests = [json.loads(p.read_text()) for p in node.glob("requests/*.request.json")]
-    found += [r["id"] for r in requests if node_service.pid_alive(r["pid"])]
+    found += [r["id"] for r in requests if service_record.pid_alive(r["pid"])]
     return found + [str(p) for p in (work / HIDDEN).glob("[0-9]*") if not (p / "index.json").exists()]
 
 
@@ -187,7 +189,7 @@ def test_a_stopped_run_ends_its_jobs_and_runner_and_the_rerun_equals_an_uninterr
     assert left_behind(work) == []
     kept = [str(p.relative_to(work)) for p in (work / HIDDEN).glob("[0-9]*")]
     rerun_s = rerun_and_compare(work, env, demo_dir, kept)
-    assert wait_until(lambda: not (node_of(work) / node_service.RECORD).exists(), timeout=60)
+    assert wait_until(lambda: not (node_of(work) / service_record.RECORD).exists(), timeout=60)
     name = signal.Signals(signum).name
     print(
         f"\n{name} to {'the group' if to_group else 'Snakemake'}: gone after {stopped['gone_after_s']} s, "
@@ -253,9 +255,9 @@ def test_a_stopped_slurm_job_ends_its_runner_and_the_rerun_equals_an_uninterrupt
             node = slurm_node_dir(work)
             assert node is not None, (work / "stopped.log").read_text()
             job = node.name.rpartition("-slurm")[2]
-            record = json.loads((node / node_service.RECORD).read_text())
+            record = json.loads((node / service_record.RECORD).read_text())
             signalled = time.monotonic() + SLURM_STOPS[stop](job, record)  # when the job is past its limit
-            assert wait_until(lambda: not node_service.pid_alive(record["pid"]), timeout=300, interval=0.1)
+            assert wait_until(lambda: not service_record.pid_alive(record["pid"]), timeout=300, interval=0.1)
             runner_gone_s = time.monotonic() - signalled
             states = set()
             assert wait_until(lambda: states.add(sacct_state(job)) or run.poll() is not None, timeout=900, interval=1)
