@@ -13,9 +13,10 @@ from eagle3_datagen.stages.evaluate.measure import (
     held_out_samples,
     paired_difference,
 )
+from eagle3_datagen.stages.evaluate.serving import eagle3_launch_args, sglang_acceptance
 from eagle3_datagen.stages.evaluate.speculative import AcceptanceTooLow, Decoded, acceptance_length, check_acceptance
 
-from .conftest import REPO
+from .conftest import REPO, defaults
 
 
 def test_the_held_out_prompt_is_everything_before_the_last_answer():
@@ -94,3 +95,24 @@ def test_the_plan_counts_the_evaluations_training_steps_decoded_tokens_and_gpu_h
     nothing.update(generation_gpu_hours=None, hidden_gpu_hours=None)
     plan = {"partitions": [], "total": nothing, "loads": {}, "evaluation": evaluation, "exceeds_free_disk": False}
     assert "| evaluate | 3 | 6,000 |" in format_plan(plan)
+
+
+def test_the_gpu_paths_launch_flags_and_acceptance_from_sglangs_meta_info():
+    """The flags are the settings' (SGLang's own parser accepts them: tests/real_sglang); the figure sums
+    completion tokens and verify steps over responses, as SGLang's per-request spec_accept_length divides
+    them (meta_info as SGLang 0.5.23's TokenizerManager writes it)."""
+    speculative = defaults("evaluate")["speculative"]
+    args = eagle3_launch_args("results/chat/evaluate/draft-sglang", speculative)
+    assert " ".join(args) == (
+        "--speculative-algorithm EAGLE3 --speculative-draft-model-path results/chat/evaluate/draft-sglang "
+        "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+    )
+    metas = [
+        {"completion_tokens": 12, "spec_verify_ct": 4, "spec_accept_length": 3.0},
+        {"completion_tokens": 5, "spec_verify_ct": 5, "spec_accept_length": 1.0},
+    ]
+    figures = sglang_acceptance(metas)
+    assert figures["acceptance_length"] == 17 / 9 and figures["verify_steps"] == 9
+    assert figures["per_prompt"] == [3.0, 1.0]
+    with pytest.raises(ValueError, match="was the server started with EAGLE3"):
+        sglang_acceptance([{"completion_tokens": 3, "spec_verify_ct": 0}])
