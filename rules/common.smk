@@ -57,6 +57,12 @@ def get_token_shards(partition):
     return [f"results/{partition}/tokens/{s}.jsonl.zst" for s in shards(partition)]
 
 
+def get_all_holdouts():
+    if "evaluate" not in config:
+        return []
+    return [f"results/{p}/evaluate/holdout.json" for p in PARTITIONS]
+
+
 def get_export_holdout(wildcards):
     """The held-out prompts an export leaves out: its base partition's (wf.holdout_partition)."""
     if "evaluate" not in config:

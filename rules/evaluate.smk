@@ -53,7 +53,7 @@ use rule evaluate as evaluate_all with:
     input:
         export=expand("results/{p}/export/specforge", p=PARTITIONS),
         tokens=get_all_token_shards(),
-        holdout=expand("results/{p}/evaluate/holdout.json", p=PARTITIONS),
+        holdout=get_all_holdouts(),
     output:
         figures="results/evaluate/acceptance.json",
         draft=directory("results/evaluate/draft"),

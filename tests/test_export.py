@@ -224,6 +224,8 @@ def test_token_counts_only_count_loss_masked_tokens(tmp_path, tiny_model_dir):
     )
     counts = loss_token_counts([path], 512)
     assert counts[9] == 3 and counts[3] == 1 and counts[7] == counts[8] == 0 and counts.sum() == 4
+    held_out = loss_token_counts([path], 512, held_out=["b"])  # the evaluation's: not exported, not counted
+    assert held_out[9] == 2 and held_out[3] == 0 and held_out.sum() == 2
     summary = run_vocab([str(path)], tiny_model_dir, 1, tmp_path / "vocab")
     assert summary["coverage"] == 0.75 and summary["target_vocab_size"] == 512
     assert np.load(tmp_path / "vocab" / "d2t.npy").tolist() == [9]

@@ -95,8 +95,8 @@ AFTER = {
     # the exports name the draft vocabulary's size (the SpecForge draft config, the speculators command)
     "vocab_mapping": {"vocab_mapping", "export"} | EVALUATE,
     "export": {"export"} | EVALUATE,
-    # the held-out prompts (evaluate.holdout, evaluate.seed) leave the exports
-    "evaluate": {"evaluate_holdout", "export"} | EVALUATE,
+    # the held-out prompts (evaluate.holdout, evaluate.seed) leave the exports and the vocabulary's counts
+    "evaluate": {"evaluate_holdout", "vocab_mapping", "export"} | EVALUATE,
 }
 SUMMARIES = {"partition_summary", "summary", "all"}
 DEMO_PARTITIONS = {"demo_sharegpt", "demo_openai", "demo_alpaca"}
