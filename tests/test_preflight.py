@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.workflow.preflight import Job, config_jobs, problems
 
 from .conftest import REPO, copy_workflow, run
@@ -68,7 +69,8 @@ def test_a_model_directory_without_config_or_tokenizer_is_named(tmp_path):
     assert f"{tmp_path / 'Kimi-K2.5'} has no config.json and no tokenizer.json or tokenizer_config.json" in found
     # prompts and reports read no model; the demo builds its own
     assert problems(config, [Job("prompts_B1_glaive"), Job("summary")], env, False) == []
-    demo = yaml.safe_load((REPO / "config.yaml").read_text())
+    demo = fill_defaults(yaml.safe_load((REPO / "config.yaml").read_text()))
+    demo["evaluate"]["python"] = sys.executable  # SpecForge's venv may not be built here
     assert problems(demo, config_jobs(demo), env, False) == []
 
 
@@ -98,7 +100,6 @@ def test_sglang_must_be_importable_where_the_jobs_run_it_unless_conda_brings_it(
 
 
 def test_the_evaluate_jobs_need_specforges_interpreter_and_a_chain_of_proposals(tmp_path):
-    from eagle3_datagen.config_schema import fill_defaults
     from eagle3_datagen.workflow.settings import evaluate_problems
 
     config = fill_defaults(kimi("sglang"))

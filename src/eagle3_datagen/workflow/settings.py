@@ -344,9 +344,10 @@ DEMO_MODEL_ROOT = "results"
 def config_problems(config: dict, config_files: list, check_sources: bool) -> list[str]:
     """What the Snakefile refuses before any job, one message each: a source that cannot be read
     (`check_sources`: not with an object store as default storage, whose plugin checks its objects
-    itself), settings that would delete a model the workflow did not make, or that no reader could take."""
+    itself), settings that would delete a model the workflow did not make, or that no reader (or the
+    evaluate stage) could take."""
     missing = missing_sources(config, config_files) if check_sources else []
-    return missing + demo_model_problems(config) + storage_problems(config)
+    return missing + demo_model_problems(config) + storage_problems(config) + evaluate_problems(config)
 
 
 def demo_model_problems(config: dict) -> list[str]:
