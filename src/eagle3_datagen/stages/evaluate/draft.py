@@ -42,6 +42,9 @@ def train_draft(export_dir: Path, out_dir: Path, settings: dict, log: TextIO, da
     `settings` (the `evaluate` section: steps, seed, batch_size, learning_rate, ttt_length) at a fixed seed,
     its output to `log`; returns the trained draft's checkpoint directory (SpecForge's latest under
     `out_dir/run`, its output_dir)."""
+    # SpecForge runs in out_dir: every path it is given is absolute
+    export_dir, out_dir = export_dir.resolve(), out_dir.resolve()
+    data_dir = data_dir.resolve() if data_dir is not None else None
     steps = settings["steps"]
     train = [str(Path(sys.executable).parent / "specforge"), "train", "--config", str(export_dir / "specforge.yaml")]
     train += CPU_OVERRIDES
