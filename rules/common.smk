@@ -99,7 +99,9 @@ JOB_RESOURCES = {
         config, "responses_sglang_server", config["resources"]["gpus_per_node"]
     ),
 }
-# The exporters name the draft vocabulary the workflow builds (results/vocab) and its size.
+# The exporters name the draft vocabulary the workflow builds (results/vocab) and its size; the
+# evaluate jobs train with it, so it is their input.
+VOCAB_INPUT = ["results/vocab"] if "vocab_mapping" in config else []
 VOCAB_OPTIONS = (
     f"--vocab results/vocab --draft-vocab-size {config['vocab_mapping']['draft_vocab_size']}"
     if "vocab_mapping" in config

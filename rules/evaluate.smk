@@ -29,6 +29,8 @@ rule evaluate:
         export="results/{partition}/export/specforge",
         tokens=lambda wildcards: get_token_shards(wildcards.partition),
         holdout="results/{partition}/evaluate/holdout.json",
+        # the draft vocabulary the export names (its specforge.yaml's vocab_mapping_path)
+        vocab=VOCAB_INPUT,
     output:
         figures="results/{partition}/evaluate/acceptance.json",
         draft=directory("results/{partition}/evaluate/draft"),
@@ -54,6 +56,7 @@ use rule evaluate as evaluate_all with:
         export=expand("results/{p}/export/specforge", p=PARTITIONS),
         tokens=get_all_token_shards(),
         holdout=get_all_holdouts(),
+        vocab=VOCAB_INPUT,
     output:
         figures="results/evaluate/acceptance.json",
         draft=directory("results/evaluate/draft"),
