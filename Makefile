@@ -46,10 +46,11 @@ check-envs: install ## resolve envs/sglang.yaml's pins (nothing installed)
 	$(VENV)/bin/uv pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_34 \
 		.sglang-yaml.txt -o /dev/null; status=$$?; rm -f .sglang-yaml.txt; exit $$status
 
-demo: install ## the whole workflow on the embedded CPU demo
+# The evaluate stage (on in both) trains its draft with SpecForge 0.2.0, in .venv-specforge.
+demo: install specforge-env ## the whole workflow on the embedded CPU demo
 	snakemake --profile profiles/local
 
-tiny-kimi: install ## the whole workflow on CPU with Kimi-K2.5's architecture and tokenizer
+tiny-kimi: install specforge-env ## the whole workflow on CPU with Kimi-K2.5's architecture and tokenizer
 	snakemake --profile local --configfile config/tiny-kimi.yaml
 
 # tests/test_slurm.py's single-node cluster: Debian's SLURM, its accounting daemon on a private MariaDB,

@@ -74,6 +74,7 @@ include: "rules/hidden.smk"
 include: "rules/probe.smk"
 include: "rules/vocab.smk"
 include: "rules/export.smk"
+include: "rules/evaluate.smk"
 include: "rules/report.smk"
 
 

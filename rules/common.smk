@@ -36,7 +36,7 @@ def get_final_output():
         p=PARTITIONS,
         f=config["export"]["formats"],
     )
-    return outputs
+    return outputs + EVALUATE_OUTPUTS
 
 
 def get_model_path(wildcards, input):
@@ -50,7 +50,28 @@ def get_partition_hidden_shards(wildcards):
 
 
 def get_all_token_shards():
-    return [f"results/{p}/tokens/{s}.jsonl.zst" for p in PARTITIONS for s in shards(p)]
+    return [s for p in PARTITIONS for s in get_token_shards(p)]
+
+
+def get_token_shards(partition):
+    return [f"results/{partition}/tokens/{s}.jsonl.zst" for s in shards(partition)]
+
+
+def get_all_holdouts():
+    if "evaluate" not in config:
+        return []
+    return [f"results/{p}/evaluate/holdout.json" for p in PARTITIONS]
+
+
+def get_export_holdout(wildcards):
+    """The held-out prompts an export leaves out: its base partition's (wf.holdout_partition)."""
+    if "evaluate" not in config:
+        return []
+    return f"results/{wf.holdout_partition(config, wildcards.partition)}/evaluate/holdout.json"
+
+
+def holdout_option(wildcards, input):
+    return f"--holdout {input.holdout}" if input.holdout else ""
 
 
 def shards(partition):
@@ -78,18 +99,35 @@ JOB_RESOURCES = {
         config, "responses_sglang_server", config["resources"]["gpus_per_node"]
     ),
 }
-# The exporters name the draft vocabulary the workflow builds (results/vocab) and its size.
+# The exporters name the draft vocabulary the workflow builds (results/vocab) and its size; the
+# evaluate jobs train with it, so it is their input.
+VOCAB_INPUT = ["results/vocab"] if "vocab_mapping" in config else []
 VOCAB_OPTIONS = (
     f"--vocab results/vocab --draft-vocab-size {config['vocab_mapping']['draft_vocab_size']}"
     if "vocab_mapping" in config
     else ""
 )
 PROBE_SETTINGS = {p: wf.as_json(wf.probe_settings(config, p)) for p in PARTITIONS}
+EVALUATE_SETTINGS = wf.evaluate_settings(config)
+# Per partition, and a draft on every partition's exports together where there are several.
+EVALUATE_OUTPUTS = (
+    expand("results/{p}/evaluate/acceptance.json", p=PARTITIONS)
+    + (["results/evaluate/acceptance.json"] if len(PARTITIONS) > 1 else [])
+    if "evaluate" in config
+    else []
+)
 # Run-only settings reach the jobs through the environment, which Snakemake's rerun triggers never
 # compare (they compare params, the shell template, input paths and the software env) and which
 # .snakemake/ does not record. Every process that parses this file sets it, a cluster job's too (so
 # it is here, beside what the rules call: the rules' jobs inherit it); each job writes them to its log.
 os.environ[wf.RUN_SETTINGS_ENV] = wf.as_json(wf.run_settings(config))
+# The evaluate jobs' interpreter: SpecForge's venv (evaluate.python), or envs/specforge.yaml's under
+# --sdm conda. Run-only: it reaches their shell through the environment (wf.SPECFORGE_PYTHON_ENV).
+os.environ[wf.SPECFORGE_PYTHON_ENV] = (
+    "python"
+    if SGLANG_DEPLOYED or "evaluate" not in config
+    else config["evaluate"]["python"]
+)
 
 
 def get_prompt_outputs(partition):

@@ -4,6 +4,7 @@ rule export:
     input:
         hidden=get_partition_hidden_shards,
         model=MODEL_INPUT,
+        holdout=get_export_holdout,
     output:
         directory("results/{partition}/export/{format}"),
     log:
@@ -17,8 +18,9 @@ rule export:
     params:
         model=get_model_path,
         vocab=VOCAB_OPTIONS,
+        holdout=holdout_option,
     shell:
         logged(
             "python scripts/export.py --format {wildcards.format} --hidden {input.hidden} "
-            "--model {params.model:q} {params.vocab} --out {output}"
+            "--model {params.model:q} {params.vocab} {params.holdout} --out {output}"
         )

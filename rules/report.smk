@@ -23,6 +23,8 @@ rule summary:
         summaries=expand("results/report/{partition}.json", partition=PARTITIONS),
         # to count the prompts partitions share (same content id)
         prompt_shards=[s for p in PARTITIONS for s in get_prompt_outputs(p)],
+        # the evaluation's figures (results/*/evaluate/acceptance.json), with an `evaluate` section
+        acceptance=EVALUATE_OUTPUTS,
     output:
         report(
             "results/report/summary.html",
@@ -42,5 +44,5 @@ rule summary:
     shell:
         logged(
             "python scripts/summary.py --summaries {input.summaries} --prompt-shards {input.prompt_shards} "
-            "--shard-counts {params.shard_counts:q} --out {output}"
+            "--shard-counts {params.shard_counts:q} --evaluations {input.acceptance} --out {output}"
         )

@@ -2,6 +2,8 @@ rule vocab_mapping:
     input:
         tokens=get_all_token_shards(),
         model=MODEL_INPUT,
+        # the evaluation's held-out samples are not counted, as they are not exported
+        holdout=get_all_holdouts(),
     output:
         directory("results/vocab"),
     log:
@@ -18,5 +20,5 @@ rule vocab_mapping:
     shell:
         logged(
             "python scripts/vocab_mapping.py --tokens {input.tokens} --model {params.model} "
-            "--draft-vocab-size {params.draft_vocab_size} --out {output}"
+            "--draft-vocab-size {params.draft_vocab_size} --holdout {input.holdout} --out {output}"
         )

@@ -1,43 +1,63 @@
 #!/usr/bin/env python
-"""Train a draft on a partition's SpecForge export with SpecForge 0.2.0's release and measure its acceptance
-length by speculative decoding of the target on held-out samples; fail below a minimum, keeping the data.
+"""Train a draft on SpecForge exports (a partition's, or every partition's together) with SpecForge 0.2.0's
+release and measure its acceptance length by speculative decoding of the target on the held-out samples;
+fail below `min_acceptance_length`, keeping the data. With `--baseline-export`, train the same draft on the
+baseline's export too and measure both on the same held-out samples.
 
 Runs under SpecForge's venv (`make specforge-env`), on the CPU."""
 
 import json
 import logging
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 from eagle3_datagen import cli
-from eagle3_datagen.formats.files import read_jsonl, write_json
-from eagle3_datagen.stages.evaluate.measure import evaluate_partition
+from eagle3_datagen.formats.files import atomic_dir, read_jsonl, write_json
+from eagle3_datagen.formats.holdout import read_holdout
+from eagle3_datagen.stages.evaluate.measure import evaluate_partition, held_out_samples, paired_difference
 from eagle3_datagen.stages.evaluate.speculative import AcceptanceTooLow, check_acceptance
 
 
 def main() -> None:
     p = cli.parser(__doc__, stage_settings=False)
-    p.add_argument("--partition", required=True)
-    p.add_argument("--export", required=True, help="the partition's SpecForge export directory (training data)")
-    p.add_argument("--held-out", nargs="+", required=True, help="token files (jsonl.zst) of the held-out samples")
-    p.add_argument(
-        "--settings",
-        required=True,
-        type=json.loads,
-        help="JSON: train_steps, seed, batch_size, learning_rate, "
-        "spec_steps, ttt_length, max_new_tokens, min_acceptance_length",
-    )
-    p.add_argument("--work", required=True, help="directory for SpecForge's run (checkpoint, cache)")
+    p.add_argument("--partition", required=True, help="the partition's name (`all`: every partition together)")
+    p.add_argument("--export", nargs="+", required=True, help="SpecForge export directories (the training data)")
+    p.add_argument("--tokens", nargs="+", required=True, help="token shards (jsonl.zst) holding the held-out samples")
+    p.add_argument("--holdout", nargs="+", required=True, help="holdout files: the held-out prompt ids")
+    p.add_argument("--baseline-export", nargs="*", default=[], help="the baseline's SpecForge exports, if any")
+    p.add_argument("--settings", required=True, type=json.loads, help="JSON: the config's `evaluate` section")
+    p.add_argument("--draft", required=True, help="directory to create: the trained draft's SpecForge checkpoint")
     p.add_argument("--out", required=True, help="the figures (JSON)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO)
+    log = logging.getLogger("evaluate")
     settings = args.settings
-    held_out = [row for path in args.held_out for row in read_jsonl(path)]
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    figures = evaluate_partition(Path(args.export), held_out, work, settings, work / "specforge.log")
-    figures["partition"] = args.partition
-    write_json(args.out, figures)
-    logging.getLogger("evaluate").info("%s: acceptance length %.3f", args.partition, figures["acceptance_length"])
+    ids = [i for path in args.holdout for i in read_holdout(path)]
+    held_out = held_out_samples((row for path in args.tokens for row in read_jsonl(path)), ids)
+    log.info("%s: %d held-out samples of %d held-out prompts", args.partition, len(held_out), len(ids))
+    out = Path(args.out)
+    with tempfile.TemporaryDirectory(prefix=".evaluate-", dir=out.parent) as work:
+        work = Path(work)
+        exports = [Path(e) for e in args.export]
+        figures, draft = evaluate_partition(exports, held_out, work / "draft", settings, sys.stderr)
+        figures.update(partition=args.partition, exports=args.export, held_out_prompts=len(ids))
+        if args.baseline_export:
+            baseline_exports = [Path(e) for e in args.baseline_export]
+            baseline, _ = evaluate_partition(baseline_exports, held_out, work / "baseline", settings, sys.stderr)
+            # regenerated minus original, over the same held-out prompts (paired bootstrap)
+            difference = paired_difference(figures, baseline, seed=settings["seed"])
+            figures["baseline"] = {
+                **baseline,
+                "exports": args.baseline_export,
+                "difference": difference["difference"],
+                "difference_interval_95": difference["interval_95"],
+            }
+        with atomic_dir(args.draft) as tmp:
+            shutil.copytree(draft, tmp, dirs_exist_ok=True)
+    write_json(out, figures)
+    log.info("%s: acceptance length %.3f %s", args.partition, figures["acceptance_length"], figures["interval_95"])
     check_acceptance(args.partition, figures["acceptance_length"], settings["min_acceptance_length"])
 
 

@@ -5,6 +5,7 @@ import logging
 
 from eagle3_datagen import cli
 from eagle3_datagen.formats.files import reporting_full_disk
+from eagle3_datagen.formats.holdout import read_holdout
 from eagle3_datagen.stages.export import FORMATS, export
 
 
@@ -16,6 +17,7 @@ def main() -> None:
     p.add_argument("--model", help="the target (verifier) model directory: its final norm, LM head and config")
     p.add_argument("--vocab", help="the vocabulary stage's directory (d2t.npy, t2d.npy, vocab_mapping.pt), named")
     p.add_argument("--draft-vocab-size", type=int, help="the draft vocabulary's size (entries of that d2t.npy)")
+    p.add_argument("--holdout", help="the evaluation's holdout file: its prompt ids are left out of the export")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO)
     with reporting_full_disk(args.out):
@@ -26,6 +28,7 @@ def main() -> None:
             model_path=args.model,
             vocab_dir=args.vocab,
             draft_vocab_size=args.draft_vocab_size,
+            held_out=read_holdout(args.holdout) if args.holdout else (),
         )
     logging.getLogger("export").info("%s", summary)
 

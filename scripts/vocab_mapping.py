@@ -5,6 +5,7 @@ import logging
 
 from eagle3_datagen import cli
 from eagle3_datagen.chat.template import TemplateError
+from eagle3_datagen.formats.holdout import read_holdout
 from eagle3_datagen.stages.vocab import run_vocab
 
 
@@ -14,9 +15,13 @@ def main() -> None:
     p.add_argument("--model", required=True, help="model directory (its config.json gives the vocabulary size)")
     p.add_argument("--draft-vocab-size", type=int, required=True)
     p.add_argument("--out", required=True, help="directory to create")
+    p.add_argument(
+        "--holdout", nargs="*", default=[], help="the evaluation's holdout files: their samples are not counted"
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO)
-    summary = run_vocab(args.tokens, args.model, args.draft_vocab_size, args.out)
+    held_out = [i for path in args.holdout for i in read_holdout(path)]
+    summary = run_vocab(args.tokens, args.model, args.draft_vocab_size, args.out, held_out)
     logging.getLogger("vocab").info("%s", summary)
 
 

@@ -71,6 +71,9 @@ def copy_workflow(dest: Path) -> Path:
             shutil.copy2(src, dest / name)
     venv = Path(sys.prefix)
     (dest / ".venv").symlink_to(venv)
+    # the evaluate stage's interpreter (evaluate.python); `make demo` builds it where it is missing
+    if (REPO / ".venv-specforge" / ".installed").exists():
+        (dest / ".venv-specforge").symlink_to(REPO / ".venv-specforge")
     return dest
 
 

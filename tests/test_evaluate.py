@@ -1,10 +1,22 @@
-"""The evaluate stage's pieces that need no trainer: the held-out prompt, the bootstrap interval and the
-quick fail (the measurement itself runs under SpecForge's venv: tests/trainers/test_evaluate.py)."""
+"""The evaluate stage's pieces that need no trainer: the held-out samples and prompt, the bootstrap
+intervals, the quick fail and the plan's count of the evaluation's cost (the measurement itself runs under
+SpecForge's venv: tests/trainers/test_evaluate.py)."""
 
 import pytest
+import yaml
 
-from eagle3_datagen.stages.evaluate.measure import bootstrap_interval, held_out_prompt
+from eagle3_datagen.config_schema import fill_defaults
+from eagle3_datagen.reporting.plan import PartitionPlan, format_plan, plan_evaluation
+from eagle3_datagen.stages.evaluate.measure import (
+    bootstrap_interval,
+    held_out_prompt,
+    held_out_samples,
+    paired_difference,
+)
+from eagle3_datagen.stages.evaluate.serving import eagle3_launch_args, sglang_acceptance
 from eagle3_datagen.stages.evaluate.speculative import AcceptanceTooLow, Decoded, acceptance_length, check_acceptance
+
+from .conftest import REPO, defaults
 
 
 def test_the_held_out_prompt_is_everything_before_the_last_answer():
@@ -41,3 +53,66 @@ def test_the_quick_fail_names_the_partition_the_value_and_the_causes():
     message = str(raised.value)
     assert message.startswith("partition chat: acceptance length 1.234 is below evaluate.min_acceptance_length 1.5")
     assert "the data is kept" in message and "aux_layers" in message and "loss mask" in message
+
+
+def test_the_held_out_samples_are_the_token_rows_of_the_held_out_ids():
+    rows = [{"id": i, "input_ids": [1], "loss_mask": [1]} for i in ("c", "a", "d", "b")]
+    assert [r["id"] for r in held_out_samples(iter(rows), ["b", "c", "gone"])] == ["c", "b"]  # rows' order
+
+
+def test_the_paired_difference_resamples_prompts_for_both_drafts():
+    ours = {"per_prompt": [{"id": "a", "accepted": [3, 3]}, {"id": "b", "accepted": [1, 0]}]}
+    theirs = {"per_prompt": [{"id": "a", "accepted": [1, 1]}, {"id": "b", "accepted": [0, 0]}]}
+    result = paired_difference(ours, theirs, reps=200)
+    assert result["difference"] == 11 / 4 - 6 / 4 and result["prompts"] == 2  # committed tokens / steps
+    low, high = result["interval_95"]
+    assert 0 < low <= result["difference"] <= high  # ours is ahead on every prompt
+    with pytest.raises(ValueError, match="not measured on the same held-out prompts"):
+        paired_difference(ours, {"per_prompt": theirs["per_prompt"][::-1]})
+
+
+def row(partition: str, prompts: int, tokens: int) -> PartitionPlan:
+    return PartitionPlan(partition, "sglang", prompts, prompts, tokens // 2, tokens // 2, "", None, None, None, 0, "")
+
+
+def test_the_plan_counts_the_evaluations_training_steps_decoded_tokens_and_gpu_hours():
+    config = fill_defaults(yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text()))
+    rows = [row("B1_glaive", 1000, 2_000_000), row("B3_magicoder_evol", 500, 500_000)]
+    assert plan_evaluation(config, rows) is None  # commented out in the production config
+    config["evaluate"] = fill_defaults({"holdout": 64, "steps": 2000, "max_new_tokens": 256}, "evaluate")
+    config["plan"]["throughput"]["train_tokens_per_s"] = 20000
+    evaluation = plan_evaluation(config, rows)
+    # a draft per partition and one on all three partitions together (the config has three)
+    assert evaluation["drafts"] == 3 and evaluation["training_steps"] == 6000
+    # steps x batch 4 x mean sample tokens: 2000 and 1000 per partition, 2500000 / 1500 together
+    assert evaluation["training_tokens"] == round(2000 * 4 * (2000 + 1000 + 2_500_000 / 1500))
+    assert evaluation["decoded_tokens"] == 2 * (64 + 64) * 256  # each partition's draft, then the joint one
+    hours = evaluation["training_tokens"] / 20000 / 3600 + evaluation["decoded_tokens"] / 8000 / 3600
+    assert evaluation["gpu_hours"] == pytest.approx(hours)
+    config["evaluate"]["baseline"] = "original"
+    assert plan_evaluation(config, rows)["drafts"] == 6
+    nothing = dict.fromkeys(("prompts", "prompt_tokens", "completion_tokens", "cost_usd", "hidden_bytes"))
+    nothing.update(generation_gpu_hours=None, hidden_gpu_hours=None)
+    plan = {"partitions": [], "total": nothing, "loads": {}, "evaluation": evaluation, "exceeds_free_disk": False}
+    assert "| evaluate | 3 | 6,000 |" in format_plan(plan)
+
+
+def test_the_gpu_paths_launch_flags_and_acceptance_from_sglangs_meta_info():
+    """The flags are the settings' (SGLang's own parser accepts them: tests/real_sglang); the figure sums
+    completion tokens and verify steps over responses, as SGLang's per-request spec_accept_length divides
+    them (meta_info as SGLang 0.5.23's TokenizerManager writes it)."""
+    speculative = defaults("evaluate")["speculative"]
+    args = eagle3_launch_args("results/chat/evaluate/draft-sglang", speculative)
+    assert " ".join(args) == (
+        "--speculative-algorithm EAGLE3 --speculative-draft-model-path results/chat/evaluate/draft-sglang "
+        "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+    )
+    metas = [
+        {"completion_tokens": 12, "spec_verify_ct": 4, "spec_accept_length": 3.0},
+        {"completion_tokens": 5, "spec_verify_ct": 5, "spec_accept_length": 1.0},
+    ]
+    figures = sglang_acceptance(metas)
+    assert figures["acceptance_length"] == 17 / 9 and figures["verify_steps"] == 9
+    assert figures["per_prompt"] == [3.0, 1.0]
+    with pytest.raises(ValueError, match="was the server started with EAGLE3"):
+        sglang_acceptance([{"completion_tokens": 3, "spec_verify_ct": 0}])

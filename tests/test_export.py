@@ -16,6 +16,7 @@ from eagle3_datagen.formats.checksums import ChecksumError, file_digest
 from eagle3_datagen.formats.files import write_jsonl_zst
 from eagle3_datagen.formats.hidden_codec import COMPRESS, FP8_DTYPES, GRANULARITIES, frame_header_json
 from eagle3_datagen.formats.hidden_shard import HiddenShard
+from eagle3_datagen.formats.holdout import choose_holdout, read_holdout, write_holdout
 from eagle3_datagen.stages.export import FORMATS, export
 from eagle3_datagen.stages.export.specforge import specforge_sample_path
 from eagle3_datagen.stages.hidden.shard import capture_shard
@@ -154,6 +155,46 @@ def test_speculators_layout_round_trips(tmp_path, shards, tiny_model_dir):
     assert command in (tmp_path / "sp" / "README.md").read_text()
 
 
+def test_held_out_prompts_are_in_no_export_and_the_counts_add_up(tmp_path, tiny_model_dir):
+    """The evaluation's held-out prompts, chosen by id (formats/holdout.py), leave both exports; the rest
+    are exported in shard order, and exported plus held out is every captured sample."""
+    import datasets
+
+    capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32", "device": "cpu"})
+    samples = make_samples(8, seed=3, hi=12)
+    shard_dirs = [tmp_path / "00000", tmp_path / "00001"]
+    capture_shard(samples[:5], shard_dirs[0], capture, SETTINGS)
+    capture_shard(samples[5:], shard_dirs[1], capture, SETTINGS)
+    ids = [s["id"] for s in samples]
+    # one held-out prompt has no sample (its response dropped by the tokens stage)
+    write_holdout(tmp_path / "holdout.json", choose_holdout([*ids, "dropped"], 4, seed=0), 9, 4, 0)
+    held_out = read_holdout(tmp_path / "holdout.json")
+    assert held_out == choose_holdout(reversed([*ids, "dropped"]), 4, seed=0) and len(held_out) == 4
+    kept = [s for s in samples if s["id"] not in held_out]
+    assert "dropped" in held_out and len(kept) == 5  # 3 of the 8 samples held out
+    for fmt in FORMATS:
+        out = tmp_path / fmt
+        summary = export(shard_dirs, out, fmt, model_path=tiny_model_dir, held_out=held_out)
+        exported = [json.loads(line)["id"] for line in (out / "ids.jsonl").read_text().splitlines()]
+        assert exported == [s["id"] for s in kept] and not set(exported) & set(held_out)
+        assert summary["samples"] == len(kept) and summary["samples"] + summary["held_out"] == len(samples)
+        assert summary["tokens"] == sum(len(s["input_ids"]) for s in kept)
+        if fmt == "specforge":
+            rows = [torch.load(p)["input_ids"].tolist() for p in sorted(out.glob("rows_*/*.ckpt"))]
+        else:
+            rows = [r.tolist() for r in datasets.load_from_disk(str(out))["input_ids"]]
+        assert rows == [s["input_ids"] for s in kept]
+
+
+def test_the_holdout_choice_depends_on_ids_and_seed_only():
+    ids = [f"p{i}" for i in range(50)]
+    chosen = choose_holdout(ids, 5, seed=0)
+    assert chosen == choose_holdout(ids[::-1] + ids[:3], 5, seed=0) and len(set(chosen)) == 5
+    assert chosen[:3] == choose_holdout(ids, 3, seed=0)  # a smaller holdout is a subset
+    assert choose_holdout(ids, 5, seed=1) != chosen
+    assert sorted(choose_holdout(ids[:3], 5, seed=0)) == ids[:3]  # fewer prompts than asked: all
+
+
 def test_speculators_export_refuses_normed_final(tmp_path, tiny_model_dir):
     capture = HFCapture(tiny_model_dir, "auto", "normed", {"dtype": "float32", "device": "cpu"})
     capture_shard(make_samples(3), tmp_path / "normed", capture, SETTINGS)
@@ -183,6 +224,8 @@ def test_token_counts_only_count_loss_masked_tokens(tmp_path, tiny_model_dir):
     )
     counts = loss_token_counts([path], 512)
     assert counts[9] == 3 and counts[3] == 1 and counts[7] == counts[8] == 0 and counts.sum() == 4
+    held_out = loss_token_counts([path], 512, held_out=["b"])  # the evaluation's: not exported, not counted
+    assert held_out[9] == 2 and held_out[3] == 0 and held_out.sum() == 2
     summary = run_vocab([str(path)], tiny_model_dir, 1, tmp_path / "vocab")
     assert summary["coverage"] == 0.75 and summary["target_vocab_size"] == 512
     assert np.load(tmp_path / "vocab" / "d2t.npy").tolist() == [9]

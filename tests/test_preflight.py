@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.workflow.preflight import Job, config_jobs, problems
 
 from .conftest import REPO, copy_workflow, run
@@ -68,7 +69,8 @@ def test_a_model_directory_without_config_or_tokenizer_is_named(tmp_path):
     assert f"{tmp_path / 'Kimi-K2.5'} has no config.json and no tokenizer.json or tokenizer_config.json" in found
     # prompts and reports read no model; the demo builds its own
     assert problems(config, [Job("prompts_B1_glaive"), Job("summary")], env, False) == []
-    demo = yaml.safe_load((REPO / "config.yaml").read_text())
+    demo = fill_defaults(yaml.safe_load((REPO / "config.yaml").read_text()))
+    demo["evaluate"]["python"] = sys.executable  # SpecForge's venv may not be built here
     assert problems(demo, config_jobs(demo), env, False) == []
 
 
@@ -95,6 +97,30 @@ def test_sglang_must_be_importable_where_the_jobs_run_it_unless_conda_brings_it(
     del config["inference"]["sglang"]["launch"]
     config["hidden_states"]["backend"] = "hf"
     assert problems(config, [Job("responses", "B1_glaive"), Job("hidden_states", "B1_glaive")], env, False) == []
+
+
+def test_the_evaluate_jobs_need_specforges_interpreter_and_a_chain_of_proposals(tmp_path):
+    from eagle3_datagen.workflow.settings import evaluate_problems
+
+    config = fill_defaults(kimi("sglang"))
+    config["model"]["path"] = str(model_dir(tmp_path / "model"))
+    config["evaluate"] = fill_defaults({"python": str(tmp_path / "missing/bin/python")}, "evaluate")
+    jobs = [Job("evaluate", "B1_glaive")]
+    (problem,) = problems(config, jobs, {"PATH": VENV_BIN}, sglang_deployed=False)
+    assert problem.startswith(f"evaluate.python {tmp_path}/missing/bin/python is not an interpreter here")
+    assert "make specforge-env" in problem and "--sdm conda" in problem
+    assert problems(config, jobs, {"PATH": VENV_BIN}, sglang_deployed=True) == []  # envs/specforge.yaml
+    assert problems(config, [Job("tokens", "B1_glaive")], {"PATH": VENV_BIN}, sglang_deployed=False) == []
+    config["evaluate"]["python"] = sys.executable
+    assert problems(config, jobs, {"PATH": VENV_BIN}, sglang_deployed=False) == []
+    assert evaluate_problems(config) == []
+    config["evaluate"]["speculative"]["topk"] = 4
+    (topk,) = evaluate_problems(config)
+    assert topk.startswith("evaluate.speculative.topk is 4: the CPU evaluation decodes one chain")
+    config["evaluate"]["speculative"].update(topk=1, num_draft_tokens=8)  # SGLang sets num_steps + 1 at topk 1
+    assert evaluate_problems(config) == []
+    config["evaluate"]["baseline"] = "original"
+    assert evaluate_problems(config)[0].startswith("evaluate.baseline: original needs the baseline pipeline")
 
 
 def test_hidden_states_larger_than_the_free_disk_stop_the_run(tmp_path):

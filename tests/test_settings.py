@@ -83,15 +83,20 @@ def test_params_carry_no_run_only_setting_and_the_job_gets_both():
 
 
 # The rules each stage's change may schedule: the stage and what depends on it.
+EVALUATE = {"evaluate", "evaluate_all"}
 AFTER = {
-    "prompts": {"prompts", "responses", "tokens", "hidden_states", "probe", "export", "vocab_mapping"},
-    "responses": {"responses", "tokens", "hidden_states", "probe", "export", "vocab_mapping"},
-    "tokens": {"tokens", "hidden_states", "probe", "export", "vocab_mapping"},
-    "hidden_states": {"hidden_states", "probe", "export"},
+    "prompts": {"prompts", "responses", "tokens", "hidden_states", "probe", "export", "vocab_mapping"}
+    | {"evaluate_holdout"}
+    | EVALUATE,
+    "responses": {"responses", "tokens", "hidden_states", "probe", "export", "vocab_mapping"} | EVALUATE,
+    "tokens": {"tokens", "hidden_states", "probe", "export", "vocab_mapping"} | EVALUATE,
+    "hidden_states": {"hidden_states", "probe", "export"} | EVALUATE,
     "probe": {"probe"},
     # the exports name the draft vocabulary's size (the SpecForge draft config, the speculators command)
-    "vocab_mapping": {"vocab_mapping", "export"},
-    "export": {"export"},
+    "vocab_mapping": {"vocab_mapping", "export"} | EVALUATE,
+    "export": {"export"} | EVALUATE,
+    # the held-out prompts (evaluate.holdout, evaluate.seed) leave the exports and the vocabulary's counts
+    "evaluate": {"evaluate_holdout", "vocab_mapping", "export"} | EVALUATE,
 }
 SUMMARIES = {"partition_summary", "summary", "all"}
 DEMO_PARTITIONS = {"demo_sharegpt", "demo_openai", "demo_alpaca"}
@@ -201,6 +206,15 @@ def coverage_config(hidden_backend: str) -> dict:
         del hidden["hf"]
         hidden["sglang"] = {"dtype": "auto", "device": "cpu", "mem_fraction_static": 0.85, "server_args": {}}
     config["export"]["formats"] = ["specforge"]
+    config["evaluate"].update(
+        seed=0,
+        batch_size=4,
+        learning_rate=0.003,
+        ttt_length=7,
+        speculative={"num_steps": 3, "topk": 1, "num_draft_tokens": 4},
+        baseline="none",
+        python=".venv-specforge/bin/python",
+    )
     config["probe"] = {
         "max_positions": 4096,
         "min_greedy_agreement": 0.98,
@@ -213,7 +227,7 @@ def coverage_config(hidden_backend: str) -> dict:
         "device": "cpu",
     }
     config["plan"] = {
-        "throughput": {"generate_tokens_per_s": 8000, "prefill_tokens_per_s": 40000},
+        "throughput": {"generate_tokens_per_s": 8000, "prefill_tokens_per_s": 40000, "train_tokens_per_s": 20000},
         "model": {"num_layers": 8, "hidden_size": 64},
         "tokenizer": "resources/kimi-k2.5",
         "load_seconds": {"generation_server": 600, "capture_runner": 600},
@@ -311,6 +325,9 @@ def dry_run(work, config: dict) -> list[tuple[str, str]]:
 # subset, split and revision apply only to a hub dataset or a dataset directory (tests/test_sources.py
 # changes a hub dataset's revision).
 NOT_CHANGED_HERE = {"partitions.*.source", "partitions.*.subset", "partitions.*.split", "partitions.*.revision"}
+# Where every other value is refused before any job (tests/test_preflight.py): the CPU evaluation decodes a
+# chain (topk 1), and the baseline pipeline is not in the workflow yet.
+NOT_CHANGED_HERE |= {"evaluate.speculative.topk", "evaluate.baseline"}
 
 
 def keys_of_kind(kind: str) -> list[str]:
@@ -361,7 +378,8 @@ def test_changing_an_output_key_schedules_its_stage_and_what_depends_on_it(cover
     allowed = AFTER[stage] | SUMMARIES
     assert rules <= allowed, jobs
     if partitions is not None:
-        assert {p for _, p in jobs if p} <= partitions, jobs
+        # every partition's draft trains with the draft vocabulary, which combines them all (results/vocab)
+        assert {p for r, p in jobs if p and r not in EVALUATE} <= partitions, jobs
 
 
 def test_the_plan_counts_one_load_per_node_or_allocation_and_reads_measured_load_times(tmp_path):

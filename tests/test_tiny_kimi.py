@@ -133,7 +133,10 @@ def test_hidden_states_probe_and_exports_on_the_kimi_architecture(tiny_kimi_dir)
         hidden = sum(len(HiddenShard(tiny_kimi_dir / f"results/{partition}/hidden/{s:05d}")) for s in range(shards))
         for fmt in ("specforge", "speculators"):
             summary = json.loads((tiny_kimi_dir / f"results/{partition}/export/{fmt}/export.json").read_text())
-            assert summary["samples"] == hidden
+            assert summary["samples"] + summary["held_out"] == hidden and summary["held_out"] > 0
+        # the evaluate stage on the Kimi architecture: a draft measured on the held-out samples
+        figures = json.loads((tiny_kimi_dir / f"results/{partition}/evaluate/acceptance.json").read_text())
+        assert figures["prompts"] == summary["held_out"] and 1.0 <= figures["acceptance_length"] <= 4.0
     d2t, t2d = np.load(tiny_kimi_dir / "results/vocab/d2t.npy"), np.load(tiny_kimi_dir / "results/vocab/t2d.npy")
     assert d2t.shape == (256,) and t2d.shape == (163840,) and t2d.sum() == 256
     assert (np.arange(256) + d2t).tolist() == np.flatnonzero(t2d).tolist()

@@ -150,7 +150,7 @@ def test_demo_writes_the_draft_vocabulary_and_both_exports(demo_dir):
         hidden = sum(len(HiddenShard(demo_dir / f"results/{partition}/hidden/{s}")) for s in shards(partition))
         for fmt in ("specforge", "speculators"):
             summary = json.loads((demo_dir / f"results/{partition}/export/{fmt}/export.json").read_text())
-            assert summary["samples"] == hidden
+            assert summary["samples"] + summary["held_out"] == hidden  # the evaluation's held out
         final = HiddenShard(demo_dir / f"results/{partition}/hidden/{shards(partition)[0]}").index["final"]
         specforge = demo_dir / f"results/{partition}/export/specforge"
         assert json.loads((specforge / "export.json").read_text())["final_norm_applied"] is (final == "raw")
@@ -158,6 +158,70 @@ def test_demo_writes_the_draft_vocabulary_and_both_exports(demo_dir):
         train = yaml.safe_load((specforge / "specforge.yaml").read_text())
         mapping = demo_dir.resolve() / "results/vocab/vocab_mapping.pt"
         assert train["model"]["vocab_mapping_path"] == str(mapping) and mapping.exists()  # named, not copied
+
+
+def test_demo_holds_prompts_out_of_every_export_and_measures_a_draft_on_them(demo_dir):
+    settings = yaml.safe_load((demo_dir / "config.yaml").read_text())["evaluate"]
+    steps = 3  # evaluate.speculative.num_steps's default: at most 4 tokens a verify step
+    all_held_out = []
+    for partition in PARTITIONS:
+        holdout = json.loads((demo_dir / f"results/{partition}/evaluate/holdout.json").read_text())
+        held_out = holdout["ids"]
+        assert len(held_out) == settings["holdout"] and holdout["prompts"] > len(held_out)
+        hidden = [HiddenShard(demo_dir / f"results/{partition}/hidden/{shard}") for shard in shards(partition)]
+        samples = [s for shard in hidden for s in shard]
+        held_samples = [s["id"] for s in samples if s["id"] in held_out]
+        for fmt in ("specforge", "speculators"):
+            export = demo_dir / f"results/{partition}/export/{fmt}"
+            exported = [json.loads(line)["id"] for line in (export / "ids.jsonl").read_text().splitlines()]
+            assert not set(exported) & set(held_out)
+            assert exported == [s["id"] for s in samples if s["id"] not in held_out]
+            summary = json.loads((export / "export.json").read_text())
+            assert summary["held_out"] == len(held_samples) and summary["samples"] + summary["held_out"] == len(samples)
+        figures = json.loads((demo_dir / f"results/{partition}/evaluate/acceptance.json").read_text())
+        assert figures["partition"] == partition and figures["prompts"] == len(held_samples) > 0
+        assert [p["id"] for p in figures["per_prompt"]] == held_samples  # the held-out samples, in shard order
+        value, (low, high) = figures["acceptance_length"], figures["interval_95"]
+        assert 1.0 <= low <= value <= high <= steps + 1
+        accepted = [a for p in figures["per_prompt"] for a in p["accepted"]]
+        assert figures["verify_steps"] == len(accepted) and all(0 <= a <= steps for a in accepted)
+        assert value == (sum(accepted) + len(accepted)) / len(accepted)  # committed tokens / verify steps
+        assert len(figures["acceptance_by_position"]) == steps
+        assert figures["trainer_estimate"]["estimated_by"].startswith("SpecForge 0.2.0's simulated_acc_len + 1")
+        assert figures["settings"]["steps"] == settings["steps"]
+        assert (demo_dir / f"results/{partition}/evaluate/draft/training_state.pt").is_file()
+        all_held_out += held_samples
+    together = json.loads((demo_dir / "results/evaluate/acceptance.json").read_text())
+    assert together["partition"] == "all" and sorted(p["id"] for p in together["per_prompt"]) == sorted(all_held_out)
+    assert 1.0 <= together["acceptance_length"] <= steps + 1
+
+
+def test_acceptance_below_the_minimum_fails_the_run_naming_it_and_keeps_the_data(demo_dir, tmp_path):
+    """The quick fail through Snakemake, in a copy of the finished demo: a minimum just above what every
+    partition's draft reached fails the first evaluate job to finish, naming its partition and value;
+    the hidden states and exports stay as they were."""
+    work = tmp_path / "wf"
+    shutil.copytree(demo_dir, work, symlinks=True)
+    reached = {
+        p: json.loads((work / f"results/{p}/evaluate/acceptance.json").read_text())["acceptance_length"]
+        for p in PARTITIONS
+    }
+    reached["all"] = json.loads((work / "results/evaluate/acceptance.json").read_text())["acceptance_length"]
+    config = yaml.safe_load((work / "config.yaml").read_text())
+    config["evaluate"]["min_acceptance_length"] = round(max(reached.values()) + 0.01, 2)
+    (work / "strict.yaml").write_text(yaml.safe_dump(config))
+    data = sorted(p for p in (work / "results").rglob("*") if "/hidden/" in str(p) or "/export/" in str(p))
+    before = {p: p.stat().st_mtime_ns for p in data if p.is_file()}
+    proc = snakemake(["--profile", "profiles/local", "--configfile", "strict.yaml"], work, check=False)
+    assert proc.returncode != 0
+    below = r"partition (\w+): acceptance length ([\d.]+) is below evaluate.min_acceptance_length"
+    named = re.search(below, proc.stderr)
+    assert named, proc.stderr[-3000:]
+    partition, value = named.groups()
+    assert value == f"{reached[partition]:.3f}"  # the same draft: same data, settings and seed
+    log = "logs/evaluate/evaluate.log" if partition == "all" else f"logs/{partition}/evaluate/evaluate.log"
+    assert "Common causes" in (work / log).read_text()
+    assert {p: p.stat().st_mtime_ns for p in data if p.is_file()} == before  # the data stays, untouched
 
 
 def embedded_pngs(html: str) -> dict[str, bytes]:
@@ -205,8 +269,10 @@ def test_reruns_schedule_only_what_a_change_invalidated(demo_dir, tmp_path):
     changed.write_text(yaml.safe_dump(config))
     out = snakemake(["-n", "--profile", "profiles/local", "--configfile", str(changed)], demo_dir).stdout
     jobs = scheduled(out)
-    partitions = {p for _, p in jobs if p}
+    partitions = {p for r, p in jobs if p and r != "evaluate"}
     assert partitions == {"demo_alpaca"}, jobs
+    # every partition's draft trains with the draft vocabulary, which combines them all
+    assert {p for r, p in jobs if r == "evaluate"} == set(PARTITIONS)
     assert {r for r, _ in jobs} == {
         "prompts_demo_alpaca",
         "responses",
@@ -218,6 +284,9 @@ def test_reruns_schedule_only_what_a_change_invalidated(demo_dir, tmp_path):
         "partition_summary",
         "summary",
         "all",
+        "evaluate_holdout",
+        "evaluate",
+        "evaluate_all",
     }
 
 

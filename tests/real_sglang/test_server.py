@@ -144,3 +144,20 @@ def test_gpu_checks_generate_comparison_agrees_with_the_server(server, served_mo
     )
     assert (result.prompts, result.exact, result.first_token, result.ok) == (2, 2, 2, True)
     assert result.row().endswith("ok")
+
+
+def test_sglangs_own_parser_takes_the_evaluate_stages_eagle3_flags():
+    """The GPU path's launch flags (stages/evaluate/serving.py) as SGLang 0.5.23's ServerArgs parses them."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from eagle3_datagen.config_schema import fill_defaults
+    from eagle3_datagen.stages.evaluate.serving import eagle3_launch_args
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    speculative = fill_defaults({}, "evaluate")["speculative"]
+    args = parser.parse_args(["--model-path", "target", *eagle3_launch_args("draft", speculative)])
+    assert (args.speculative_algorithm, args.speculative_draft_model_path) == ("EAGLE3", "draft")
+    assert (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (3, 1, 4)

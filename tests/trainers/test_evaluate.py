@@ -34,6 +34,7 @@ from transformers import AutoModelForCausalLM
 
 from eagle3_datagen.formats.draft_vocab import write_mapping
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
+from eagle3_datagen.formats.holdout import write_holdout
 from eagle3_datagen.stages.evaluate.draft import load_draft, specforge_on_cpu, trainer_estimate, training_forward
 from eagle3_datagen.stages.evaluate.measure import held_out_prompt
 from eagle3_datagen.stages.evaluate.speculative import (
@@ -44,6 +45,8 @@ from eagle3_datagen.stages.evaluate.speculative import (
 )
 from eagle3_datagen.stages.vocab import vocab_mapping
 
+from ..conftest import defaults
+
 pytestmark = pytest.mark.trainers
 
 REPO = Path(__file__).parents[2]
@@ -52,15 +55,15 @@ STEPS = 3  # proposals per verify step
 TTT_LENGTH = 7  # SpecForge's default training.ttt_length
 MAX_NEW = 16
 MINIMUM = 1.5
-SETTINGS = {
-    "train_steps": 20,
-    "seed": 0,
-    "batch_size": 4,
-    "learning_rate": 0.003,
-    "spec_steps": STEPS,
-    "ttt_length": TTT_LENGTH,
-    "max_new_tokens": MAX_NEW,
-}
+SETTINGS = defaults(
+    "evaluate",
+    steps=20,
+    batch_size=4,
+    learning_rate=0.003,
+    ttt_length=TTT_LENGTH,
+    max_new_tokens=MAX_NEW,
+    speculative={"num_steps": STEPS, "topk": 1, "num_draft_tokens": STEPS + 1},
+)
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +96,14 @@ def prompts(held_out) -> list[list[int]]:
 
 
 def evaluate(export_dir: Path, held_out: Path, out: Path, minimum: float) -> subprocess.CompletedProcess:
-    """scripts/evaluate.py in a process of its own, as a workflow rule would run it."""
+    """scripts/evaluate.py in a process of its own, as the workflow's evaluate rule runs it."""
     settings = {**SETTINGS, "min_acceptance_length": minimum}
+    out.mkdir(parents=True, exist_ok=True)
+    write_holdout(out / "holdout.json", [row["id"] for row in read_jsonl(held_out)], 16, 16, 0)
     command = [sys.executable, str(REPO / "scripts" / "evaluate.py"), "--partition", "demo"]
-    command += ["--export", str(export_dir), "--held-out", str(held_out), "--settings", json.dumps(settings)]
-    command += ["--work", str(out / "work"), "--out", str(out / "acceptance.json")]
+    command += ["--export", str(export_dir), "--tokens", str(held_out), "--holdout", str(out / "holdout.json")]
+    command += ["--settings", json.dumps(settings), "--draft", str(out / "draft")]
+    command += ["--out", str(out / "acceptance.json")]
     return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=1200)
 
 
@@ -111,7 +117,7 @@ def evaluated(built, held_out, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def draft(built, evaluated):
-    return load_draft(evaluated["out"] / "work" / "run", built / "export" / "raw")
+    return load_draft(evaluated["out"] / "draft", built / "export" / "raw")
 
 
 def greedy(target, prompt: list[int], new: int) -> list[int]:

@@ -241,6 +241,43 @@ def plan_partition(config: dict, partition: str, tokenizer, results: Path) -> Pa
     )
 
 
+def plan_evaluation(config: dict, rows: list[PartitionPlan]) -> dict | None:
+    """The evaluate stage's cost for the planned partitions (None without the stage): a draft per
+    partition and one on all of them together (twice each with `evaluate.baseline: original`),
+    `evaluate.steps` SpecForge steps of `batch_size` samples each (a sample's tokens: the partition's
+    mean), and up to `max_new_tokens` decoded per held-out prompt, each draft on its own held-out
+    prompts (the all-partitions draft on every one). GPU hours at `plan.throughput`'s rates: training at
+    `train_tokens_per_s`, decoding at `generate_tokens_per_s` (an upper bound: speculative decoding
+    commits several tokens per target step)."""
+    if "evaluate" not in config or not rows:
+        return None
+    evaluate = config["evaluate"]
+    together = len(config["partitions"]) > 1
+    per_sample = [(r.prompt_tokens + r.completion_tokens) / max(r.prompts, 1) for r in rows]
+    sample_tokens = sum(per_sample) + (
+        sum(r.prompt_tokens + r.completion_tokens for r in rows) / max(sum(r.prompts for r in rows), 1)
+        if together
+        else 0
+    )
+    decoded = sum(min(evaluate["holdout"], r.prompts) for r in rows) * evaluate["max_new_tokens"]
+    copies = 2 if evaluate["baseline"] == "original" else 1
+    drafts = (len(rows) + together) * copies
+    train_tokens = round(evaluate["steps"] * evaluate["batch_size"] * sample_tokens * copies)
+    decoded_tokens = decoded * (1 + together) * copies
+    throughput = config["plan"].get("throughput") or {}
+    train_rate, generate_rate = throughput.get("train_tokens_per_s"), throughput.get("generate_tokens_per_s")
+    return {
+        "drafts": drafts,
+        "training_steps": drafts * evaluate["steps"],
+        "training_tokens": train_tokens,
+        "decoded_tokens": decoded_tokens,
+        # no rate, no hours
+        "gpu_hours": train_tokens / train_rate / 3600 + decoded_tokens / generate_rate / 3600
+        if train_rate and generate_rate
+        else None,
+    }
+
+
 def make_plan(
     config: dict,
     partitions: list[str],
@@ -267,6 +304,7 @@ def make_plan(
         "partitions": [asdict(r) for r in rows],
         "total": total,
         "loads": plan_loads(config, jobs or [], logs, per_allocation),
+        "evaluation": plan_evaluation(config, rows),
         "free_disk_bytes": free,
         "exceeds_free_disk": total["hidden_bytes"] > free,
     }
@@ -309,6 +347,15 @@ def format_plan(plan: dict) -> str:
             f"| {model.replace('_', ' ')} | {load['loads']} | {_fmt(load['seconds_each'])} ({load['basis']}) | "
             f"{_fmt(load['hours'])} |"
         )
+    if evaluation := plan.get("evaluation"):
+        lines += [
+            "",
+            "| evaluation | drafts | training steps | training tokens | decoded tokens | GPU h |",
+            "|---|---|---|---|---|---|",
+            f"| evaluate | {evaluation['drafts']} | {_fmt(evaluation['training_steps'])} | "
+            f"{_fmt(evaluation['training_tokens'])} | {_fmt(evaluation['decoded_tokens'])} | "
+            f"{_fmt(evaluation['gpu_hours'])} |",
+        ]
     if not plan["partitions"]:
         lines.append("\nNothing to regenerate: every partition is up to date.")
     if plan["exceeds_free_disk"]:

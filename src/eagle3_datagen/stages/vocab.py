@@ -8,7 +8,7 @@ the layout SpecForge and vLLM speculators read.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +22,17 @@ def target_vocab_size(model_path: str | Path) -> int:
     return int(text_config(model_path)["vocab_size"])
 
 
-def loss_token_counts(tokens_paths: Iterable[str | Path], vocab_size: int) -> np.ndarray:
-    """How often each target token is a loss-masked (trained) token."""
+def loss_token_counts(
+    tokens_paths: Iterable[str | Path], vocab_size: int, held_out: Collection[str] = ()
+) -> np.ndarray:
+    """How often each target token is a loss-masked (trained) token, the evaluation's held-out samples
+    (`held_out`: their ids) left out as they are of the exports."""
     counts = np.zeros(vocab_size, dtype=np.int64)
+    held_out = set(held_out)
     for path in tokens_paths:
         for _, sample in iter_jsonl(path):
+            if sample["id"] in held_out:
+                continue
             ids = np.asarray(sample["input_ids"], dtype=np.int64)
             trained = ids[np.asarray(sample["loss_mask"], dtype=bool)]
             counts += np.bincount(trained, minlength=vocab_size)[:vocab_size]
@@ -44,9 +50,15 @@ def vocab_mapping(counts: np.ndarray, draft_vocab_size: int) -> tuple[np.ndarray
     return d2t, t2d
 
 
-def run_vocab(tokens_paths: list[str], model_path: str | Path, draft_vocab_size: int, out_dir: str | Path) -> dict:
+def run_vocab(
+    tokens_paths: list[str],
+    model_path: str | Path,
+    draft_vocab_size: int,
+    out_dir: str | Path,
+    held_out: Collection[str] = (),
+) -> dict:
     vocab_size = target_vocab_size(model_path)
-    counts = loss_token_counts(tokens_paths, vocab_size)
+    counts = loss_token_counts(tokens_paths, vocab_size, held_out)
     d2t, t2d = vocab_mapping(counts, draft_vocab_size)
     total = int(counts.sum())
     summary = {

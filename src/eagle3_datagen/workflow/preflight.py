@@ -51,6 +51,8 @@ def config_jobs(config: dict) -> list[Job]:
         responses = "responses_sglang_server" if served_by_launched_server(config, p) else "responses"
         jobs += [Job(f"prompts_{p}", p), Job(responses, p), Job("tokens", p), Job("hidden_states", p)]
         jobs += [Job("probe", p), Job("partition_summary", p)]
+    if "evaluate" in config:
+        jobs += [Job("evaluate", p) for p in config["partitions"]]
     return [*jobs, Job("summary"), *([Job("vocab_mapping")] if "vocab_mapping" in config else [])]
 
 
@@ -65,7 +67,8 @@ def problems(
     """One line per thing that would fail one of `jobs` later, with its fix.
 
     `sglang_deployed`: a deployment method of the run (`--sdm conda`) brings SGLang to the jobs that
-    use it (their env is envs/sglang.yaml); else the job's own `python` must import it.
+    use it (their env is envs/sglang.yaml), and SpecForge to the evaluate jobs (envs/specforge.yaml); else
+    the job's own `python` must import SGLang and evaluate.python must exist.
     """
     jobs = list(jobs)
     found = []
@@ -82,6 +85,7 @@ def problems(
         found += _model_problems(config["model"]["path"])
     if not sglang_deployed:
         found += _sglang_problems(config, jobs, environ)
+        found += _specforge_problems(config, jobs, environ)
     found += _disk_problems(jobs, Path(results), Path(plan_file))
     return found
 
@@ -147,6 +151,20 @@ def _sglang_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) 
                 "(e.g. .venv-sglang/bin after make sglang-env)"
             )
     return found
+
+
+def _specforge_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) -> list[str]:
+    """The evaluate jobs run scripts/evaluate.py with evaluate.python (without --sdm conda)."""
+    if not any(j.rule in ("evaluate", "evaluate_all") for j in jobs):
+        return []
+    python = config["evaluate"]["python"]
+    if shutil.which(python, path=environ.get("PATH")) is None:
+        return [
+            f"evaluate.python {python} is not an interpreter here, and the evaluate jobs run SpecForge 0.2.0 "
+            "with it: run `make specforge-env` (.venv-specforge, the default), set evaluate.python to a Python "
+            "that has SpecForge 0.2.0, or run with --sdm conda (envs/specforge.yaml)"
+        ]
+    return []
 
 
 def _interpreter(program: str, environ: Mapping[str, str]) -> str | None:

@@ -344,9 +344,10 @@ DEMO_MODEL_ROOT = "results"
 def config_problems(config: dict, config_files: list, check_sources: bool) -> list[str]:
     """What the Snakefile refuses before any job, one message each: a source that cannot be read
     (`check_sources`: not with an object store as default storage, whose plugin checks its objects
-    itself), settings that would delete a model the workflow did not make, or that no reader could take."""
+    itself), settings that would delete a model the workflow did not make, or that no reader (or the
+    evaluate stage) could take."""
     missing = missing_sources(config, config_files) if check_sources else []
-    return missing + demo_model_problems(config) + storage_problems(config)
+    return missing + demo_model_problems(config) + storage_problems(config) + evaluate_problems(config)
 
 
 def demo_model_problems(config: dict) -> list[str]:
@@ -401,3 +402,43 @@ def demo_or_model_hidden_size(config: dict) -> int | None:
         return config["demo"]["hidden_size"]
     model_dir = Path(config["model"]["path"])
     return int(text_config(model_dir)["hidden_size"]) if (model_dir / "config.json").exists() else None
+
+
+# The interpreter that runs scripts/evaluate.py (SpecForge's venv), set by rules/common.smk for every
+# process that parses the workflow: a run-only setting, so it reaches the jobs' shell through the
+# environment rather than their command's text (a changed command reruns a job).
+SPECFORGE_PYTHON_ENV = "EAGLE3_DATAGEN_SPECFORGE_PYTHON"
+
+
+def evaluate_settings(config: dict) -> dict:
+    """What shapes an evaluation (every `evaluate` key but the interpreter); {} without the stage."""
+    return split(config.get("evaluate"), "evaluate")[0]
+
+
+def holdout_partition(config: dict, partition: str) -> str:
+    """The partition whose held-out prompts `partition`'s exports leave out: its own.
+
+    Baseline hook (evaluate.baseline: original): the baseline pipeline's partition `baseline_partition(P)`
+    must return P here, so that its export leaves out P's held-out prompts too."""
+    return partition
+
+
+def evaluate_problems(config: dict) -> list[str]:
+    """Evaluate settings no job could run, refused before any job."""
+    if "evaluate" not in config:
+        return []
+    speculative = config["evaluate"]["speculative"]
+    found = []
+    if speculative["topk"] != 1:
+        found.append(
+            f"evaluate.speculative.topk is {speculative['topk']}: the CPU evaluation decodes one chain of "
+            "proposals (greedy, SGLang's topk 1); set it to 1"
+        )
+    if config["evaluate"]["baseline"] == "original":
+        # Baseline hook: the pipeline of the dataset's own responses (a second partition per partition,
+        # `baseline_partition`) is not in this workflow yet.
+        found.append(
+            "evaluate.baseline: original needs the baseline pipeline (a partition of the dataset's own "
+            "responses beside each one), which this workflow does not have yet; set evaluate.baseline: none"
+        )
+    return found

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TextIO
 
 import torch
 import yaml
@@ -36,23 +37,33 @@ def specforge_on_cpu() -> None:
     loss.LogSoftmaxLoss.apply = staticmethod(reference)
 
 
-def train_draft(
-    export_dir: Path, out_dir: Path, steps: int, seed: int, batch_size: int, learning_rate: float, log: Path
-) -> Path:
-    """`specforge train` on the export's own `specforge.yaml` for `steps` steps at a fixed seed; returns
-    its checkpoint directory (`out_dir/run`, SpecForge's output_dir)."""
+def train_draft(export_dir: Path, out_dir: Path, settings: dict, log: TextIO, data_dir: Path | None = None) -> Path:
+    """`specforge train` on the export's own `specforge.yaml` (its samples, or those under `data_dir`) for
+    `settings` (the `evaluate` section: steps, seed, batch_size, learning_rate, ttt_length) at a fixed seed,
+    its output to `log`; returns the trained draft's checkpoint directory (SpecForge's latest under
+    `out_dir/run`, its output_dir)."""
+    # SpecForge runs in out_dir: every path it is given is absolute
+    export_dir, out_dir = export_dir.resolve(), out_dir.resolve()
+    data_dir = data_dir.resolve() if data_dir is not None else None
+    steps = settings["steps"]
     train = [str(Path(sys.executable).parent / "specforge"), "train", "--config", str(export_dir / "specforge.yaml")]
     train += CPU_OVERRIDES
-    train += [f"training.max_steps={steps}", f"training.num_epochs={steps}", f"training.batch_size={batch_size}"]
-    train += [f"training.learning_rate={learning_rate}", "training.warmup_ratio=0", "training.lr_scheduler=constant"]
-    train += [f"training.seed={seed}", f"training.save_interval={steps}", "training.log_interval=1"]
+    train += [f"training.max_steps={steps}", f"training.num_epochs={steps}"]
+    train += [f"training.batch_size={settings['batch_size']}"]
+    train += [f"training.learning_rate={settings['learning_rate']}", "training.warmup_ratio=0"]
+    train += ["training.lr_scheduler=constant", f"training.ttt_length={settings['ttt_length']}"]
+    train += [f"training.seed={settings['seed']}", f"training.save_interval={steps}", "training.log_interval=1"]
     train += [f"output_dir={out_dir / 'run'}", f"data.cache_dir={out_dir / 'cache'}"]
-    with open(log, "a") as out:
-        out.write(" ".join(train) + "\n")
-        out.flush()
-        env = {**os.environ, **CPU_ENV}
-        subprocess.run(train, check=True, env=env, cwd=out_dir, stdout=out, stderr=subprocess.STDOUT)
-    return out_dir / "run"
+    if data_dir is not None:
+        train.append(f"data.hidden_states_path={data_dir}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log.write(" ".join(train) + "\n")
+    log.flush()
+    env = {**os.environ, **CPU_ENV}
+    subprocess.run(train, check=True, env=env, cwd=out_dir, stdout=log, stderr=subprocess.STDOUT)
+    # SpecForge's `{run_id}-latest` link names its last checkpoint directory
+    (latest,) = (out_dir / "run").glob("*-latest")
+    return latest.resolve()
 
 
 def load_draft(run_dir: Path, export_dir: Path):

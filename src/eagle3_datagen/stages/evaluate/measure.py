@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TextIO
 
 import torch
 import yaml
@@ -53,28 +55,83 @@ def bootstrap_interval(
     return [values[int(tail * (reps - 1))], values[int((1 - tail) * (reps - 1))]]
 
 
-def evaluate_partition(export_dir: Path, held_out: list[dict], work_dir: Path, settings: dict, log: Path) -> dict:
-    """Train (`settings`: train_steps, seed, batch_size, learning_rate), decode each held-out prompt
-    (spec_steps proposals a step, up to max_new_tokens) and estimate; returns the figures."""
+def paired_difference(figures: dict, baseline: dict, reps: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """Acceptance length of `figures`' draft minus `baseline`'s, measured on the same held-out prompts,
+    with a percentile bootstrap interval that resamples prompts (each drawn prompt counts for both)."""
+    pairs = [
+        (a["accepted"], b["accepted"])
+        for a, b in zip(figures["per_prompt"], baseline["per_prompt"], strict=True)
+        if a["accepted"] and b["accepted"]
+    ]
+    if [a["id"] for a in figures["per_prompt"]] != [b["id"] for b in baseline["per_prompt"]]:
+        raise ValueError("the two drafts were not measured on the same held-out prompts")
+
+    def length(picks: list[int], side: int) -> float:
+        steps = [pairs[i][side] for i in picks]
+        return sum(sum(s) + len(s) for s in steps) / sum(len(s) for s in steps)
+
+    rng = random.Random(seed)
+    everything = list(range(len(pairs)))
+    values = sorted(
+        length(picks, 0) - length(picks, 1)
+        for picks in ([rng.randrange(len(pairs)) for _ in pairs] for _ in range(reps))
+    )
+    tail = (1 - level) / 2
+    return {
+        "difference": length(everything, 0) - length(everything, 1),
+        "interval_95": [values[int(tail * (reps - 1))], values[int((1 - tail) * (reps - 1))]],
+        "prompts": len(pairs),
+    }
+
+
+def held_out_samples(token_rows: Iterable[dict], ids: Iterable[str]) -> list[dict]:
+    """The token rows of the held-out prompt ids, in the rows' order (a held-out prompt without a sample,
+    its response dropped by the tokens stage, is absent)."""
+    wanted = set(ids)
+    return [row for row in token_rows if row["id"] in wanted]
+
+
+def training_data(exports: list[Path], work_dir: Path) -> Path | None:
+    """Where SpecForge reads the training samples: the one export itself, or for several exports (all
+    partitions together) a directory of links to each one's samples, one folder per export (its reader
+    lists every `.ckpt` below the directory, sorted). The exports must share one draft config."""
+    if len(exports) == 1:
+        return None
+    configs = {(e / "draft_config.json").read_text() for e in exports}
+    if len(configs) > 1:
+        named = [str(e) for e in exports]
+        raise ValueError(f"exports {named} have different draft configs: one draft cannot train on all of them")
+    data = work_dir / "data"
+    for number, export in enumerate(exports):
+        for sample in sorted(export.glob("rows_*/*.ckpt")):
+            link = data / f"{number:05d}" / sample.relative_to(export)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(sample.resolve())
+    return data
+
+
+def evaluate_partition(
+    exports: list[Path], held_out: list[dict], work_dir: Path, settings: dict, log: TextIO
+) -> tuple[dict, Path]:
+    """Train on `exports` (SpecForge's; `settings`: the `evaluate` section), decode each held-out prompt
+    (`speculative.num_steps` proposals a step, up to `max_new_tokens`) and estimate; returns the figures
+    and the trained draft's checkpoint directory (`log`: where SpecForge's output goes)."""
+    if settings["speculative"]["topk"] != 1:
+        raise ValueError("the CPU path decodes a chain: evaluate.speculative.topk must be 1")
+    if not held_out:
+        raise ValueError("no held-out sample to decode: raise evaluate.holdout (or the partition has no samples)")
     torch.manual_seed(settings["seed"])
     specforge_on_cpu()
     torch.set_num_threads(1)  # the tiny CPU models' matrices: one thread beats two contending
-    run = train_draft(
-        export_dir,
-        work_dir,
-        settings["train_steps"],
-        settings["seed"],
-        settings["batch_size"],
-        settings["learning_rate"],
-        log,
-    )
+    export_dir = exports[0]
+    run = train_draft(export_dir, work_dir, settings, log, training_data(exports, work_dir))
     draft = load_draft(run, export_dir)
     aux_layers = json.loads((export_dir / "export.json").read_text())["aux_layers"]
     target_path = yaml.safe_load((export_dir / "specforge.yaml").read_text())["model"]["target_model_path"]
     target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
     eos = target.generation_config.eos_token_id
     stop_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    steps, ttt_length = settings["spec_steps"], settings["ttt_length"]
+    steps, ttt_length = settings["speculative"]["num_steps"], settings["ttt_length"]
     decoded, corrects, denoms = [], [0.0] * ttt_length, [0.0] * ttt_length
     for sample in held_out:
         prompt = held_out_prompt(sample)
@@ -89,7 +146,9 @@ def evaluate_partition(export_dir: Path, held_out: list[dict], work_dir: Path, s
         corrects = [a + b for a, b in zip(corrects, forward["corrects"], strict=True)]
         denoms = [a + b for a, b in zip(denoms, forward["denoms"], strict=True)]
     accepted = [a for d in decoded for a in d.accepted]
-    return {
+    estimate = trainer_estimate(corrects, denoms, steps)
+    at_steps = estimate["simulated_acc_len_plus_1_at_steps"]  # the figure comparable to the measurement
+    figures = {
         "acceptance_length": acceptance_length(decoded),
         "interval_95": bootstrap_interval(
             [d.committed for d in decoded if d.accepted], [len(d.accepted) for d in decoded if d.accepted]
@@ -104,6 +163,7 @@ def evaluate_partition(export_dir: Path, held_out: list[dict], work_dir: Path, s
             {"id": s.get("id"), "acceptance_length": d.acceptance_length, "accepted": d.accepted}
             for s, d in zip(held_out, decoded, strict=True)
         ],
-        "trainer_estimate": {"estimated_by": ESTIMATED_BY, **trainer_estimate(corrects, denoms, steps)},
+        "trainer_estimate": {"estimated_by": ESTIMATED_BY, **estimate, "acceptance_length": at_steps},
         "settings": settings,
     }
+    return figures, run

@@ -8,7 +8,8 @@
   (the final layer after the final norm: SpecForge's target head is the bare LM head), with the
   draft config, the vocabulary mapping, a ready `specforge train` config and a README.
 
-Both number samples in shard order, write `ids.jsonl` (index -> sample id) so no sample loses its
+Both leave out the evaluation's held-out samples (`held_out`: their prompt ids, formats/holdout.py),
+number the rest in shard order, write `ids.jsonl` (index -> sample id) so no sample loses its
 source id, and record in `export.json` the final-slot convention and the xxh3-64 checksum of every
 file they wrote (hashed from the bytes as written); the directory appears only when complete.
 Every part read is checked against its shard's checksum first (`HiddenShard`).
@@ -17,7 +18,7 @@ Every part read is checked against its shard's checksum first (`HiddenShard`).
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import orjson
@@ -40,9 +41,11 @@ def _shards(shard_dirs: list[str | Path]) -> list[HiddenShard]:
     return shards
 
 
-def _samples(shards: list[HiddenShard]) -> Iterator[dict]:
+def _samples(shards: list[HiddenShard], held_out: Collection[str]) -> Iterator[dict]:
     for shard in shards:
-        yield from shard
+        for sample in shard:
+            if sample["id"] not in held_out:
+                yield sample
 
 
 def export(
@@ -53,12 +56,13 @@ def export(
     model_path: str | Path | None = None,
     vocab_dir: str | Path | None = None,
     draft_vocab_size: int | None = None,
+    held_out: Collection[str] = (),
 ) -> dict:
     """Write `shard_dirs`' samples in order to `out_dir` in `fmt`'s layout. `model_path` is the target
     (verifier) model directory: SpecForge's export reads its final norm, LM head and config, and both
     name it in their training command; `vocab_dir` is the vocab stage's directory, whose d2t/t2d (of
     `draft_vocab_size` entries) the exports name, not copy: one partition's change then reruns only
-    its own export."""
+    its own export. Samples whose id is in `held_out` (the evaluation's) are not exported."""
     if fmt not in FORMATS:
         raise ValueError(f"export format must be one of {FORMATS}, not {fmt!r}")
     shards = _shards(shard_dirs)
@@ -66,11 +70,12 @@ def export(
     kind = SpecForgeExport if fmt == "specforge" else SpeculatorsExport
     writer = kind(shards, model_path, vocab_dir, draft_vocab_size)
     out_dir = Path(out_dir)
+    held_out = set(held_out)
     count = tokens = 0
     with atomic_dir(out_dir) as tmp:
         files = ExportFiles(tmp)
         ids = io.BytesIO()
-        for number, sample in enumerate(_samples(shards)):
+        for number, sample in enumerate(_samples(shards, held_out)):
             writer.add(files, number, sample)
             ids.write(orjson.dumps({"index": number, "id": sample["id"]}) + b"\n")
             count += 1
@@ -79,6 +84,8 @@ def export(
         summary = {
             "format": fmt,
             "samples": count,
+            # the samples left out for the evaluation (some held-out prompts may have no sample)
+            "held_out": sum(len(s) for s in shards) - count,
             "tokens": tokens,
             "shards": [str(d) for d in shard_dirs],
             "aux_layers": index["aux_layers"],

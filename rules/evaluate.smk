@@ -1,0 +1,70 @@
+# With an `evaluate` section: per partition, held-out prompts left out of its exports, and a draft trained
+# on its SpecForge export (and one on every partition's together) measured on them. scripts/evaluate.py
+# runs in SpecForge's venv: `make specforge-env` (evaluate.python), or envs/specforge.yaml with --sdm conda.
+rule evaluate_holdout:
+    input:
+        lambda wildcards: get_prompt_outputs(wildcards.partition),
+    output:
+        "results/{partition}/evaluate/holdout.json",
+    log:
+        "logs/{partition}/evaluate/holdout.log",
+    benchmark:
+        "benchmarks/{partition}/evaluate/holdout.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        holdout=EVALUATE_SETTINGS.get("holdout"),
+        seed=EVALUATE_SETTINGS.get("seed"),
+    shell:
+        logged(
+            "python scripts/holdout.py --prompts {input} --count {params.holdout} "
+            "--seed {params.seed} --out {output}"
+        )
+
+
+# Baseline hook (evaluate.baseline: original, refused until the baseline pipeline is in): the baseline's
+# export, results/{wf.baseline_partition(P)}/export/specforge, goes in as `--baseline-export`.
+rule evaluate:
+    input:
+        export="results/{partition}/export/specforge",
+        tokens=lambda wildcards: get_token_shards(wildcards.partition),
+        holdout="results/{partition}/evaluate/holdout.json",
+        # the draft vocabulary the export names (its specforge.yaml's vocab_mapping_path)
+        vocab=VOCAB_INPUT,
+    output:
+        figures="results/{partition}/evaluate/acceptance.json",
+        draft=directory("results/{partition}/evaluate/draft"),
+    log:
+        "logs/{partition}/evaluate/evaluate.log",
+    benchmark:
+        "benchmarks/{partition}/evaluate/evaluate.tsv"
+    conda:
+        "../envs/specforge.yaml"
+    params:
+        name=lambda wildcards: wildcards.partition,
+        settings=wf.as_json(EVALUATE_SETTINGS),
+    shell:
+        logged(
+            f"${wf.SPECFORGE_PYTHON_ENV} scripts/evaluate.py --partition {{params.name}} "
+            "--export {input.export} --tokens {input.tokens} --holdout {input.holdout} "
+            "--settings {params.settings:q} --draft {output.draft} --out {output.figures}"
+        )
+
+
+use rule evaluate as evaluate_all with:
+    input:
+        export=expand("results/{p}/export/specforge", p=PARTITIONS),
+        tokens=get_all_token_shards(),
+        holdout=get_all_holdouts(),
+        vocab=VOCAB_INPUT,
+    output:
+        figures="results/evaluate/acceptance.json",
+        draft=directory("results/evaluate/draft"),
+    log:
+        "logs/evaluate/evaluate.log",
+    benchmark:
+        "benchmarks/evaluate/evaluate.tsv"
+    params:
+        name="all",
+        settings=wf.as_json(EVALUATE_SETTINGS),
+        partitions=PARTITION_SET,
