@@ -16,18 +16,49 @@ from eagle3_datagen.formats import sources
 from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import SOURCE_SUFFIXES, InputError
 
-BACKENDS = ("hf", "sglang", "openrouter")
+BACKENDS = ("hf", "sglang", "openrouter", "dataset")
 GPU_BACKENDS = ("sglang",)
 ID_BACKENDS = ("hf", "sglang")  # backends that return the generated token IDs
+DATASET = "dataset"  # the backend that answers each prompt with its record's own assistant turns
+BASELINE_SUFFIX = "+original"
+
+
+def baseline_partition(partition: str) -> str:
+    """The partition trained on `partition`'s own dataset responses (`evaluate.baseline: original`). The
+    schema's partition names hold no `+`, so no user partition has this name."""
+    return partition + BASELINE_SUFFIX
+
+
+def baseline_partitions(config: dict) -> list[str]:
+    """One baseline partition per partition when `evaluate.baseline` is `original`, else none."""
+    # TODO(lead): evaluate.baseline is the evaluate section's (branch evalrule); read with .get only until
+    # that section is merged, then config["evaluate"]["baseline"].
+    if config.get("evaluate", {}).get("baseline") != "original":
+        return []
+    return [baseline_partition(p) for p in sorted(config["partitions"])]
+
+
+def prompt_partition(partition: str) -> str:
+    """The partition whose prompt shards `partition` answers: a baseline partition its own partition's."""
+    return partition.removesuffix(BASELINE_SUFFIX)
+
+
+def partition_config(config: dict, partition: str) -> dict:
+    """A partition's settings; a baseline partition's are its partition's with the `dataset` backend."""
+    if partition in config["partitions"]:
+        return config["partitions"][partition]
+    if partition in baseline_partitions(config):
+        return {**config["partitions"][prompt_partition(partition)], "backend": DATASET}
+    raise KeyError(f"no partition {partition!r} in the config")
 
 
 def shard_names(config: dict, partition: str) -> list[str]:
-    return [f"{i:05d}" for i in range(config["partitions"][partition]["shards"])]
+    return [f"{i:05d}" for i in range(partition_config(config, partition)["shards"])]
 
 
 def inference_backend(config: dict, partition: str) -> str:
     # a partition without a backend of its own takes inference.backend
-    return config["partitions"][partition].get("backend") or config["inference"]["backend"]
+    return partition_config(config, partition).get("backend") or config["inference"]["backend"]
 
 
 OUTPUT = "output"  # shapes the stage's output: in the rule's params, so a change reruns the stage
@@ -108,8 +139,11 @@ def model_settings(config: dict) -> dict:
 
 
 def response_settings(config: dict, partition: str) -> dict:
-    """What shapes the partition's responses: its backend, sampling, that backend's output settings."""
+    """What shapes the partition's responses: its backend, sampling, that backend's output settings; for
+    the `dataset` backend, the source its prompts were read from and how (no sampling: nothing is generated)."""
     backend = inference_backend(config, partition)
+    if backend == DATASET:
+        return {"backend": backend, DATASET: dataset_settings(config, partition), "model": model_settings(config)}
     inference = config["inference"]
     return {
         "backend": backend,
@@ -117,6 +151,14 @@ def response_settings(config: dict, partition: str) -> dict:
         backend: split(inference[backend], f"inference.{backend}")[0],
         "model": model_settings(config),
     }
+
+
+def dataset_settings(config: dict, partition: str) -> dict:
+    """Where the `dataset` backend reads the records of a partition's prompts, and how they were parsed."""
+    part = partition_config(config, partition)
+    settings = {"source": part["source"], "format": part["format"], "system_prompt": part.get("system_prompt")}
+    settings.update({k: part[k] for k in ("subset", "split", "revision") if part.get(k) is not None})
+    return settings
 
 
 def response_run_settings(config: dict) -> dict:
