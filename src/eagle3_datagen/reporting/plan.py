@@ -39,7 +39,7 @@ class ScheduledJob(NamedTuple):
 
 _GROUP = re.compile(r"^\[.*?\] Group job (\S+)")
 _RULE = re.compile(r"^(\s*)rule (\S+):$")
-_PARTITION = re.compile(r"^\s*wildcards: partition=([\w.-]+)")
+_PARTITION = re.compile(r"^\s*wildcards: partition=([\w.+-]+)")  # `+`: a baseline partition (P+original)
 
 
 def scheduled_jobs(dry_run_output: str) -> list[ScheduledJob]:

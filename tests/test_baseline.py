@@ -1,0 +1,135 @@
+"""The baseline partitions (`evaluate.baseline: original`): each partition P's twin `P+original`, P's prompts
+answered by the dataset's own turns through tokens, hidden states and the SpecForge export."""
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from eagle3_datagen import config_schema
+from eagle3_datagen.formats.files import read_jsonl
+from eagle3_datagen.workflow import settings as wf
+
+from .conftest import REPO, copy_workflow, snakemake
+from .test_workflow import scheduled
+
+DEMO = yaml.safe_load((REPO / "config.yaml").read_text())
+
+
+def demo(baseline: str | None) -> dict:
+    config = config_schema.fill_defaults(yaml.safe_load((REPO / "config.yaml").read_text()))
+    if baseline is not None:
+        config["evaluate"]["baseline"] = baseline
+    return config
+
+
+def test_each_partition_gets_a_twin_with_its_settings_and_the_dataset_backend():
+    assert wf.baseline_partitions(demo(None)) == wf.baseline_partitions(demo("none")) == []
+    config = demo("original")
+    assert wf.baseline_partitions(config) == [
+        "demo_alpaca+original",
+        "demo_openai+original",
+        "demo_sharegpt+original",
+    ]
+    twin = wf.baseline_partition("demo_alpaca")
+    assert twin == "demo_alpaca+original" and wf.prompt_partition(twin) == "demo_alpaca"
+    assert wf.prompt_partition("demo_alpaca") == "demo_alpaca"
+    assert wf.partition_config(config, twin) == {**config["partitions"]["demo_alpaca"], "backend": "dataset"}
+    assert wf.shard_names(config, twin) == wf.shard_names(config, "demo_alpaca") == ["00000"]
+    assert wf.inference_backend(config, twin) == "dataset" and wf.gpus_for(config, "responses", twin) == 0
+    # nothing is sampled: only the records' source and layout, and the model (its think tokens), shape them
+    assert wf.response_settings(config, twin) == {
+        "backend": "dataset",
+        "dataset": {
+            "source": "resources/demo/data/alpaca.json",
+            "format": "alpaca",
+            "system_prompt": "You are a helpful assistant.",
+        },
+        "model": wf.model_settings(config),
+    }
+    with pytest.raises(KeyError, match="no partition 'demo_alpaca\\+original'"):
+        wf.partition_config(demo("none"), twin)
+
+
+def test_no_user_partition_can_take_a_twins_name():
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["partitions"]["chat+original"] = config["partitions"]["demo_alpaca"]
+    with pytest.raises(jsonschema.ValidationError, match="chat\\+original"):
+        jsonschema.validate(config, config_schema.schema())
+
+
+def dry_run(work: Path, config: dict, targets: list[str]) -> Counter:
+    (work / "baseline.yaml").write_text(yaml.safe_dump(config))
+    out = snakemake([*targets, "-n", "--profile", "profiles/local", "--configfile", "baseline.yaml"], work).stdout
+    return Counter(scheduled(out)), out
+
+
+def twin_exports(config: dict) -> list[str]:
+    return [f"results/{wf.baseline_partition(p)}/export/specforge" for p in sorted(config["partitions"])]
+
+
+def test_the_demo_dry_run_lists_exactly_the_twins_jobs(tmp_path):
+    """Baseline on: the final targets schedule what they did (the evaluate rule asks for the twins'
+    exports); asked for, each twin adds its responses, tokens and hidden states per shard of its partition
+    and one export, reading its partition's prompt shards: no prompts, probe, vocabulary or report job."""
+    work = copy_workflow(tmp_path / "wf")
+    off, _ = dry_run(work, DEMO, [])
+    on = {**DEMO, "evaluate": {"baseline": "original"}}
+    assert dry_run(work, on, [])[0] == off
+    both, out = dry_run(work, on, ["all", *twin_exports(DEMO)])
+    extra = both - off
+    assert sum((both & off).values()) == sum(off.values())  # every job of the demo is still there
+    expected = Counter()
+    for p, part in DEMO["partitions"].items():
+        twin = wf.baseline_partition(p)
+        expected.update({(rule, twin): part["shards"] for rule in ("responses", "tokens", "hidden_states")})
+        expected[("export", twin)] = 1
+    assert extra == expected
+    assert "input: results/demo_sharegpt/prompts/00001.jsonl.zst, resources/demo/data/sharegpt.jsonl" in out
+    # baseline off, no rule makes a twin's output
+    proc = snakemake(
+        [twin_exports(DEMO)[0], "-n", "--profile", "profiles/local", "--configfile", "config.yaml"], work, check=False
+    )
+    assert proc.returncode != 0 and "MissingRuleException" in proc.stdout + proc.stderr
+
+
+@pytest.mark.e2e
+def test_a_twin_runs_from_the_demos_prompts_to_its_specforge_export(demo_dir, tmp_path):
+    """The finished demo (copied, so its other tests see it as it was) with baseline on: demo_alpaca's twin
+    runs its four jobs on the dataset's own answers and nothing of the demo reruns."""
+    work = tmp_path / "wf"
+    shutil.copytree(demo_dir, work, symlinks=True)
+    config = {**DEMO, "evaluate": {"baseline": "original"}}
+    (work / "baseline.yaml").write_text(yaml.safe_dump(config))
+    export = "results/demo_alpaca+original/export/specforge"
+    args = ["--profile", "profiles/local", "--configfile", "baseline.yaml"]
+    listed = snakemake([export, "-n", *args], work).stdout
+    assert Counter(r for r, _ in scheduled(listed)) == {"responses": 1, "tokens": 1, "hidden_states": 1, "export": 1}
+    snakemake([export, *args], work)
+
+    records = json.loads((REPO / "resources/demo/data/alpaca.json").read_text())
+    rows = read_jsonl(work / "results/demo_alpaca+original/responses/00000.jsonl.zst")
+    prompts = read_jsonl(work / "results/demo_alpaca/prompts/00000.jsonl.zst")
+    assert [r["id"] for r in rows] == [p["id"] for p in prompts]
+    for row in rows:
+        answers = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+        assert answers == [records[row["source"]["line"] - 1]["output"]]
+    index = json.loads((work / "results/demo_alpaca+original/hidden/00000/index.json").read_text())
+    assert index["samples"] == len(rows)
+    ours = read_jsonl(work / "results/demo_alpaca+original/tokens/00000.jsonl.zst")
+    regenerated = read_jsonl(work / "results/demo_alpaca/tokens/00000.jsonl.zst")
+    assert [s["id"] for s in ours] == [s["id"] for s in regenerated]
+    assert sum(a["input_ids"] != b["input_ids"] for a, b in zip(ours, regenerated, strict=True)) > 0
+    exported = json.loads((work / export / "export.json").read_text())
+    assert exported["aux_layers"] == index["aux_layers"]
+    assert yaml.safe_load((work / export / "specforge.yaml").read_text())["model"]["target_model_path"]
+    # same template, capture and vocabulary as the regenerated data's export
+    theirs = json.loads((work / "results/demo_alpaca/export/specforge/export.json").read_text())
+    assert {k: v for k, v in exported.items() if k not in ("samples", "tokens", "checksums")} == {
+        k: v for k, v in theirs.items() if k not in ("samples", "tokens", "checksums")
+    }
+    assert "Nothing to be done" in snakemake(["-n", *args], work).stdout
