@@ -124,12 +124,16 @@ def test_a_twin_runs_from_the_demos_prompts_to_its_specforge_export(demo_dir, tm
     regenerated = read_jsonl(work / "results/demo_alpaca/tokens/00000.jsonl.zst")
     assert [s["id"] for s in ours] == [s["id"] for s in regenerated]
     assert sum(a["input_ids"] != b["input_ids"] for a, b in zip(ours, regenerated, strict=True)) > 0
-    exported = json.loads((work / export / "export.json").read_text())
-    assert exported["aux_layers"] == index["aux_layers"]
-    assert yaml.safe_load((work / export / "specforge.yaml").read_text())["model"]["target_model_path"]
-    # same template, capture and vocabulary as the regenerated data's export
-    theirs = json.loads((work / "results/demo_alpaca/export/specforge/export.json").read_text())
-    assert {k: v for k, v in exported.items() if k not in ("samples", "tokens", "checksums")} == {
-        k: v for k, v in theirs.items() if k not in ("samples", "tokens", "checksums")
-    }
+    ours_export = json.loads((work / export / "export.json").read_text())
+    assert (ours_export["samples"], ours_export["shards"]) == (len(rows), ["results/demo_alpaca+original/hidden/00000"])
+    # the same capture, trainer and draft (its config, the draft vocabulary) as the regenerated data's export
+    theirs = work / "results/demo_alpaca/export/specforge"
+    same = ("aux_layers", "final", "final_norm_applied", "format", "specforge_aux_layer_ids", "trainer")
+    theirs_export = json.loads((theirs / "export.json").read_text())
+    assert {k: ours_export[k] for k in same} == {k: theirs_export[k] for k in same}
+    assert (work / export / "draft_config.json").read_text() == (theirs / "draft_config.json").read_text()
+    ours_yaml, theirs_yaml = (yaml.safe_load((d / "specforge.yaml").read_text()) for d in (work / export, theirs))
+    assert ours_yaml["model"].pop("draft_model_config").endswith(f"{export}/draft_config.json")
+    del theirs_yaml["model"]["draft_model_config"]
+    assert ours_yaml["model"] == theirs_yaml["model"]  # the same target, heads and draft vocabulary
     assert "Nothing to be done" in snakemake(["-n", *args], work).stdout
