@@ -16,13 +16,13 @@ def test_both_lengths_their_difference_and_the_interval_of_two_prompts():
     draft = {"a": (4, 2), "b": (2, 2)}
     baseline = {"a": (2, 2), "b": (2, 2)}
     result = paired_comparison(draft, baseline, reps=2000, seed=0)
-    assert result["acceptance_length"] == 6 / 4 and result["baseline_acceptance_length"] == 1.0
+    assert result["draft_acceptance_length"] == 6 / 4 and result["acceptance_length"] == 1.0  # the baseline's
     assert result["difference"] == 0.5
-    assert result["interval"] == [0.0, 1.0]
+    assert result["difference_interval_95"] == [0.0, 1.0]
     assert (result["prompts"], result["prompts_resampled"], result["reps"], result["seed"]) == (2, 2, 2000, 0)
     assert paired_comparison(draft, baseline, reps=2000, seed=0) == result  # fixed seed: the same interval
     # the other way round, the difference and its interval change sign
-    assert paired_comparison(baseline, draft)["interval"] == [-1.0, 0.0]
+    assert paired_comparison(baseline, draft)["difference_interval_95"] == [-1.0, 0.0]
 
 
 def test_pairing_cancels_what_prompts_do_to_both_drafts():
@@ -34,7 +34,7 @@ def test_pairing_cancels_what_prompts_do_to_both_drafts():
     draft = {p: (c + s, s) for p, (c, s) in base.items()}
     result = paired_comparison(draft, base, reps=500, seed=3)
     assert result["difference"] == pytest.approx(1.0)
-    assert result["interval"] == pytest.approx([1.0, 1.0])
+    assert result["difference_interval_95"] == pytest.approx([1.0, 1.0])
 
 
 def test_prompts_without_a_verify_step_are_left_out_of_the_resamples_and_mismatched_prompts_fail():

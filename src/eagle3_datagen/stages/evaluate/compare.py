@@ -25,17 +25,14 @@ def _ratio(figures: Sequence[tuple[int, int]]) -> float:
 
 
 def paired_comparison(
-    draft: Mapping[str, tuple[int, int]],
-    baseline: Mapping[str, tuple[int, int]],
-    reps: int = 2000,
-    seed: int = 0,
-    level: float = 0.95,
+    draft: Mapping[str, tuple[int, int]], baseline: Mapping[str, tuple[int, int]], reps: int = 2000, seed: int = 0
 ) -> dict:
     """`draft` and `baseline`: {prompt id: (committed tokens, verify steps)} on the same prompts. Returns
-    each acceptance length (summed committed tokens / summed verify steps, as SGLang's), the difference
-    draft - baseline, and its percentile bootstrap interval at `level` over `reps` resamples of the
-    prompts (fixed `seed`). Prompts without a verify step in either (an answer that ended at its first
-    token) are left out of the resamples, as they hold no ratio."""
+    acceptance.json's `baseline` (what the report reads): the baseline's acceptance length (summed committed
+    tokens / summed verify steps, as SGLang's), the difference draft - baseline and its 95% percentile
+    bootstrap interval over `reps` resamples of the prompts (fixed `seed`), and the draft's length beside
+    them. Prompts without a verify step in either (an answer that ended at its first token) are left out
+    of the resamples, as they hold no ratio."""
     if set(draft) != set(baseline):
         only = sorted(set(draft) ^ set(baseline))
         raise ValueError(f"the two drafts were decoded on different prompts: {len(only)} in one only, e.g. {only[:3]}")
@@ -50,13 +47,12 @@ def paired_comparison(
         picks = [pairs[rng.randrange(len(pairs))] for _ in pairs]
         differences.append(_ratio([d for d, _ in picks]) - _ratio([b for _, b in picks]))
     differences.sort()
-    tail = (1 - level) / 2
+    tail = 0.025
     return {
-        "acceptance_length": first,
-        "baseline_acceptance_length": second,
+        "acceptance_length": second,
         "difference": first - second,
-        "interval": [differences[int(tail * (reps - 1))], differences[int((1 - tail) * (reps - 1))]],
-        "level": level,
+        "difference_interval_95": [differences[int(tail * (reps - 1))], differences[int((1 - tail) * (reps - 1))]],
+        "draft_acceptance_length": first,
         "prompts": len(ids),
         "prompts_resampled": len(pairs),
         "reps": reps,
