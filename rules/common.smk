@@ -1,10 +1,16 @@
 # What the rules call: constants computed once per parse, input functions, `logged`. The checks before
 # any job and the run's hooks are in the Snakefile.
 import os
+import re
 
 from eagle3_datagen.workflow import settings as wf
 
 PARTITIONS = sorted(config["partitions"])
+# With evaluate.baseline: original, each partition P has a twin, P+original (wf.baseline_partition): P's
+# prompts answered by the dataset's own turns, through tokens, hidden states and exports, which only the
+# evaluate rule asks for. The final targets, the draft vocabulary and the report are the partitions' alone.
+BASELINE_PARTITIONS = wf.baseline_partitions(config)
+ALL_PARTITIONS = PARTITIONS + BASELINE_PARTITIONS
 # Outputs that combine partitions carry the set in params, so a config that adds, drops or
 # renames a partition reruns them (Snakemake's params trigger) instead of reporting up to date.
 PARTITION_SET = wf.as_json(PARTITIONS)
@@ -15,7 +21,7 @@ SOURCE_COMMITS = wf.source_commits(config)
 
 
 wildcard_constraints:
-    partition="|".join(PARTITIONS) if PARTITIONS else "NO_PARTITION",
+    partition="|".join(map(re.escape, ALL_PARTITIONS)) if PARTITIONS else "NO_PARTITION",
     shard=r"\d{5}",
 
 
@@ -63,11 +69,21 @@ def get_all_holdouts():
     return [f"results/{p}/evaluate/holdout.json" for p in PARTITIONS]
 
 
+def get_baseline_exports(wildcards):
+    """The twins' SpecForge exports a draft is compared with (evaluate.baseline: original): the partition's,
+    or every partition's for the draft over all (`wildcards` None)."""
+    if not BASELINE_PARTITIONS:
+        return []
+    partitions = PARTITIONS if wildcards is None else [wildcards.partition]
+    return [f"results/{wf.baseline_partition(p)}/export/specforge" for p in partitions]
+
+
 def get_export_holdout(wildcards):
-    """The held-out prompts an export leaves out: its base partition's (wf.holdout_partition)."""
+    """The held-out prompts an export leaves out: its prompts' partition's (a baseline twin's are its
+    partition's: both drafts are measured on the same held-out samples)."""
     if "evaluate" not in config:
         return []
-    return f"results/{wf.holdout_partition(config, wildcards.partition)}/evaluate/holdout.json"
+    return f"results/{wf.prompt_partition(wildcards.partition)}/evaluate/holdout.json"
 
 
 def holdout_option(wildcards, input):
@@ -83,11 +99,21 @@ def shards(partition):
 MODEL_INPUT = [config["model"]["path"]] if "demo" in config else []
 TOKEN_SETTINGS = wf.as_json(wf.token_settings(config))
 HIDDEN_SETTINGS = wf.as_json(wf.hidden_settings(config))
-RESPONSE_SETTINGS = {p: wf.as_json(wf.response_settings(config, p)) for p in PARTITIONS}
-RESPONSE_GPUS = {p: wf.gpus_for(config, "responses", p) for p in PARTITIONS}
+RESPONSE_SETTINGS = {
+    p: wf.as_json(wf.response_settings(config, p)) for p in ALL_PARTITIONS
+}
+RESPONSE_GPUS = {p: wf.gpus_for(config, "responses", p) for p in ALL_PARTITIONS}
 # The shard jobs of these partitions share the node's launched SGLang server.
-SERVER_PARTITIONS = [p for p in PARTITIONS if wf.served_by_launched_server(config, p)]
-SHARD_JOB_PARTITIONS = [p for p in PARTITIONS if p not in SERVER_PARTITIONS]
+SERVER_PARTITIONS = [
+    p for p in ALL_PARTITIONS if wf.served_by_launched_server(config, p)
+]
+SHARD_JOB_PARTITIONS = [p for p in ALL_PARTITIONS if p not in SERVER_PARTITIONS]
+# The `dataset` backend's jobs read the records again: the source's files are their input too.
+DATASET_SOURCES = {
+    p: wf.source_inputs(config, wf.prompt_partition(p))
+    for p in ALL_PARTITIONS
+    if wf.inference_backend(config, p) == wf.DATASET
+}
 SERVER_LOG = "logs/sglang_server/server.log"
 HIDDEN_GPUS = wf.gpus_for(config, "hidden_states")
 HIDDEN_SGLANG = config["hidden_states"]["backend"] == "sglang"
@@ -138,10 +164,23 @@ def get_response_settings(wildcards):
     return RESPONSE_SETTINGS[wildcards.partition]
 
 
+def get_response_inputs(wildcards):
+    """The prompt shard a responses job answers (a baseline partition's is its partition's), and the
+    source the `dataset` backend reads the records' own turns from."""
+    p = wildcards.partition
+    inputs = {
+        "prompts": f"results/{wf.prompt_partition(p)}/prompts/{wildcards.shard}.jsonl.zst"
+    }
+    if p in DATASET_SOURCES:
+        inputs["source"] = DATASET_SOURCES[p]
+    return inputs
+
+
 def get_conda_env(wildcards):
     """The env of the partition's inference backend's rule family."""
     backend = wf.inference_backend(config, wildcards.partition)
-    return {"hf": "../envs/cpu.yaml"}.get(backend, f"../envs/{backend}.yaml")
+    cpu = ("hf", wf.DATASET)
+    return "../envs/cpu.yaml" if backend in cpu else f"../envs/{backend}.yaml"
 
 
 def get_probe_settings(wildcards):

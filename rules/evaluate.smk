@@ -22,13 +22,14 @@ rule evaluate_holdout:
         )
 
 
-# Baseline hook (evaluate.baseline: original, refused until the baseline pipeline is in): the baseline's
-# export, results/{wf.baseline_partition(P)}/export/specforge, goes in as `--baseline-export`.
+# With evaluate.baseline: original the same draft is also trained on the export of the partition's twin
+# (wf.baseline_partition: the dataset's own responses) and measured on the same held-out samples.
 rule evaluate:
     input:
         export="results/{partition}/export/specforge",
         tokens=lambda wildcards: get_token_shards(wildcards.partition),
         holdout="results/{partition}/evaluate/holdout.json",
+        baseline=get_baseline_exports,
         # the draft vocabulary the export names (its specforge.yaml's vocab_mapping_path)
         vocab=VOCAB_INPUT,
     output:
@@ -47,7 +48,7 @@ rule evaluate:
         logged(
             f"${wf.SPECFORGE_PYTHON_ENV} scripts/evaluate.py --partition {{params.name}} "
             "--export {input.export} --tokens {input.tokens} --holdout {input.holdout} "
-            "--settings {params.settings:q} --draft {output.draft} --out {output.figures}"
+            "--baseline-export {input.baseline} --settings {params.settings:q} --draft {output.draft} --out {output.figures}"
         )
 
 
@@ -56,6 +57,7 @@ use rule evaluate as evaluate_all with:
         export=expand("results/{p}/export/specforge", p=PARTITIONS),
         tokens=get_all_token_shards(),
         holdout=get_all_holdouts(),
+        baseline=get_baseline_exports(None),
         vocab=VOCAB_INPUT,
     output:
         figures="results/evaluate/acceptance.json",

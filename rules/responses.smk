@@ -3,7 +3,7 @@
 # no job's input or output, so adding a partition or a shard reschedules no finished shard.
 rule responses:
     input:
-        prompts="results/{partition}/prompts/{shard}.jsonl.zst",
+        unpack(get_response_inputs),
         model=MODEL_INPUT,
     output:
         responses="results/{partition}/responses/{shard}.jsonl.zst",
@@ -14,7 +14,9 @@ rule responses:
         "benchmarks/{partition}/responses/{shard}.tsv"
     wildcard_constraints:
         partition=(
-            "|".join(SHARD_JOB_PARTITIONS) if SHARD_JOB_PARTITIONS else "NO_PARTITION"
+            "|".join(map(re.escape, SHARD_JOB_PARTITIONS))
+            if SHARD_JOB_PARTITIONS
+            else "NO_PARTITION"
         ),
     conda:
         get_conda_env
@@ -35,7 +37,11 @@ rule responses:
 
 use rule responses as responses_sglang_server with:
     wildcard_constraints:
-        partition=("|".join(SERVER_PARTITIONS) if SERVER_PARTITIONS else "NO_PARTITION"),
+        partition=(
+            "|".join(map(re.escape, SERVER_PARTITIONS))
+            if SERVER_PARTITIONS
+            else "NO_PARTITION"
+        ),
     # Before the capture jobs that want the same GPUs: every ready shard, then the server stops.
     priority: 10
     resources:

@@ -16,7 +16,8 @@ from pathlib import Path
 from eagle3_datagen import cli
 from eagle3_datagen.formats.files import atomic_dir, read_jsonl, write_json
 from eagle3_datagen.formats.holdout import read_holdout
-from eagle3_datagen.stages.evaluate.measure import evaluate_partition, held_out_samples, paired_difference
+from eagle3_datagen.stages.evaluate.compare import paired_comparison, prompt_figures
+from eagle3_datagen.stages.evaluate.measure import evaluate_partition, held_out_samples
 from eagle3_datagen.stages.evaluate.speculative import AcceptanceTooLow, check_acceptance
 
 
@@ -47,13 +48,10 @@ def main() -> None:
             baseline_exports = [Path(e) for e in args.baseline_export]
             baseline, _ = evaluate_partition(baseline_exports, held_out, work / "baseline", settings, sys.stderr)
             # regenerated minus original, over the same held-out prompts (paired bootstrap)
-            difference = paired_difference(figures, baseline, seed=settings["seed"])
-            figures["baseline"] = {
-                **baseline,
-                "exports": args.baseline_export,
-                "difference": difference["difference"],
-                "difference_interval_95": difference["interval_95"],
-            }
+            comparison = paired_comparison(
+                prompt_figures(figures["per_prompt"]), prompt_figures(baseline["per_prompt"]), seed=settings["seed"]
+            )
+            figures["baseline"] = {**baseline, **comparison, "exports": args.baseline_export}
         with atomic_dir(args.draft) as tmp:
             shutil.copytree(draft, tmp, dirs_exist_ok=True)
     write_json(out, figures)

@@ -11,7 +11,6 @@ from eagle3_datagen.stages.evaluate.measure import (
     bootstrap_interval,
     held_out_prompt,
     held_out_samples,
-    paired_difference,
 )
 from eagle3_datagen.stages.evaluate.serving import eagle3_launch_args, sglang_acceptance
 from eagle3_datagen.stages.evaluate.speculative import AcceptanceTooLow, Decoded, acceptance_length, check_acceptance
@@ -58,17 +57,6 @@ def test_the_quick_fail_names_the_partition_the_value_and_the_causes():
 def test_the_held_out_samples_are_the_token_rows_of_the_held_out_ids():
     rows = [{"id": i, "input_ids": [1], "loss_mask": [1]} for i in ("c", "a", "d", "b")]
     assert [r["id"] for r in held_out_samples(iter(rows), ["b", "c", "gone"])] == ["c", "b"]  # rows' order
-
-
-def test_the_paired_difference_resamples_prompts_for_both_drafts():
-    ours = {"per_prompt": [{"id": "a", "accepted": [3, 3]}, {"id": "b", "accepted": [1, 0]}]}
-    theirs = {"per_prompt": [{"id": "a", "accepted": [1, 1]}, {"id": "b", "accepted": [0, 0]}]}
-    result = paired_difference(ours, theirs, reps=200)
-    assert result["difference"] == 11 / 4 - 6 / 4 and result["prompts"] == 2  # committed tokens / steps
-    low, high = result["interval_95"]
-    assert 0 < low <= result["difference"] <= high  # ours is ahead on every prompt
-    with pytest.raises(ValueError, match="not measured on the same held-out prompts"):
-        paired_difference(ours, {"per_prompt": theirs["per_prompt"][::-1]})
 
 
 def row(partition: str, prompts: int, tokens: int) -> PartitionPlan:

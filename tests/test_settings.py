@@ -326,8 +326,8 @@ def dry_run(work, config: dict) -> list[tuple[str, str]]:
 # changes a hub dataset's revision).
 NOT_CHANGED_HERE = {"partitions.*.source", "partitions.*.subset", "partitions.*.split", "partitions.*.revision"}
 # Where every other value is refused before any job (tests/test_preflight.py): the CPU evaluation decodes a
-# chain (topk 1), and the baseline pipeline is not in the workflow yet.
-NOT_CHANGED_HERE |= {"evaluate.speculative.topk", "evaluate.baseline"}
+# chain (topk 1).
+NOT_CHANGED_HERE |= {"evaluate.speculative.topk"}
 
 
 def keys_of_kind(kind: str) -> list[str]:
@@ -367,6 +367,13 @@ def test_changing_an_output_key_schedules_its_stage_and_what_depends_on_it(cover
     value = lookup(config, key)
     assert value is not None, f"coverage_config sets no value for {key}"
     jobs = dry_run(work, with_change(config, key, changed(value, KEYS[key])))
+    if key == "evaluate.baseline":
+        # the twins (P+original) answered from the dataset, through their exports, and every draft again
+        twins = {p for _, p in jobs if p and p.endswith("+original")}
+        assert twins == {f"{p}+original" for p in config["partitions"]}, jobs
+        assert {r for r, p in jobs if p in twins} == {"responses", "tokens", "hidden_states", "export"}, jobs
+        assert {r for r, p in jobs if p not in twins} <= EVALUATE | SUMMARIES, jobs
+        return
     stage, partitions = scope(key)
     # one stage, two rules: the shard jobs of launched-server partitions are responses_sglang_server
     named = {"responses_sglang_server": "responses"}

@@ -28,7 +28,13 @@ from eagle3_datagen.formats.files import iter_jsonl, read_json
 from eagle3_datagen.formats.hidden_codec import Codec
 from eagle3_datagen.formats.hidden_shard import resolve_aux_layers
 from eagle3_datagen.formats.service_loads import read_loads
-from eagle3_datagen.workflow.settings import inference_backend, served_by_launched_server, shard_names
+from eagle3_datagen.workflow.settings import (
+    DATASET,
+    inference_backend,
+    prompt_partition,
+    served_by_launched_server,
+    shard_names,
+)
 
 
 class ScheduledJob(NamedTuple):
@@ -39,7 +45,7 @@ class ScheduledJob(NamedTuple):
 
 _GROUP = re.compile(r"^\[.*?\] Group job (\S+)")
 _RULE = re.compile(r"^(\s*)rule (\S+):$")
-_PARTITION = re.compile(r"^\s*wildcards: partition=([\w.-]+)")
+_PARTITION = re.compile(r"^\s*wildcards: partition=([\w.+-]+)")  # `+`: a baseline partition (P+original)
 
 
 def scheduled_jobs(dry_run_output: str) -> list[ScheduledJob]:
@@ -199,12 +205,12 @@ def compression_ratio(codec: Codec, results: Path) -> tuple[float, str]:
 def plan_partition(config: dict, partition: str, tokenizer, results: Path) -> PartitionPlan:
     backend = inference_backend(config, partition)
     inference = config["inference"]
-    # absent (hf has none): sampling.max_new_tokens
-    max_tokens = inference[backend].get("max_tokens") or inference["sampling"]["max_new_tokens"]
+    # absent (hf and dataset have none): sampling.max_new_tokens
+    max_tokens = (inference.get(backend) or {}).get("max_tokens") or inference["sampling"]["max_new_tokens"]
     template_kwargs = config["model"]["chat_template_kwargs"]
     prompts = user_turns = prompt_tokens = 0
     for shard in shard_names(config, partition):
-        for _, prompt in iter_jsonl(results / partition / "prompts" / f"{shard}.jsonl.zst"):
+        for _, prompt in iter_jsonl(results / prompt_partition(partition) / "prompts" / f"{shard}.jsonl.zst"):
             prompts += 1
             user_turns += sum(m["role"] == "user" for m in prompt["messages"])
             prompt_tokens += len(render_ids(tokenizer, prompt["messages"], True, template_kwargs))
@@ -234,7 +240,9 @@ def plan_partition(config: dict, partition: str, tokenizer, results: Path) -> Pa
         completion_tokens=completion,
         completion_basis=basis,
         cost_usd=cost,
-        generation_gpu_hours=completion / generate_rate / 3600 if generate_rate and backend != "openrouter" else None,
+        generation_gpu_hours=(
+            completion / generate_rate / 3600 if generate_rate and backend not in ("openrouter", DATASET) else None
+        ),
         hidden_gpu_hours=total_tokens / prefill_rate / 3600 if prefill_rate else None,
         hidden_bytes=round(total_tokens * per_token * ratio),
         hidden_basis=f"{settings['dtype']}, {per_token} B/token x {ratio:.3f} ({ratio_basis})",

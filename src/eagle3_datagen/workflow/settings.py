@@ -16,18 +16,47 @@ from eagle3_datagen.formats import sources
 from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import SOURCE_SUFFIXES, InputError
 
-BACKENDS = ("hf", "sglang", "openrouter")
+BACKENDS = ("hf", "sglang", "openrouter", "dataset")
 GPU_BACKENDS = ("sglang",)
 ID_BACKENDS = ("hf", "sglang")  # backends that return the generated token IDs
+DATASET = "dataset"  # the backend that answers each prompt with its record's own assistant turns
+BASELINE_SUFFIX = "+original"
+
+
+def baseline_partition(partition: str) -> str:
+    """The partition trained on `partition`'s own dataset responses (`evaluate.baseline: original`). The
+    schema's partition names hold no `+`, so no user partition has this name."""
+    return partition + BASELINE_SUFFIX
+
+
+def baseline_partitions(config: dict) -> list[str]:
+    """One baseline partition per partition when `evaluate.baseline` is `original`, else none."""
+    if "evaluate" not in config or config["evaluate"]["baseline"] != "original":
+        return []
+    return [baseline_partition(p) for p in sorted(config["partitions"])]
+
+
+def prompt_partition(partition: str) -> str:
+    """The partition whose prompt shards `partition` answers: a baseline partition its own partition's."""
+    return partition.removesuffix(BASELINE_SUFFIX)
+
+
+def partition_config(config: dict, partition: str) -> dict:
+    """A partition's settings; a baseline partition's are its partition's with the `dataset` backend."""
+    if partition in config["partitions"]:
+        return config["partitions"][partition]
+    if partition in baseline_partitions(config):
+        return {**config["partitions"][prompt_partition(partition)], "backend": DATASET}
+    raise KeyError(f"no partition {partition!r} in the config")
 
 
 def shard_names(config: dict, partition: str) -> list[str]:
-    return [f"{i:05d}" for i in range(config["partitions"][partition]["shards"])]
+    return [f"{i:05d}" for i in range(partition_config(config, partition)["shards"])]
 
 
 def inference_backend(config: dict, partition: str) -> str:
     # a partition without a backend of its own takes inference.backend
-    return config["partitions"][partition].get("backend") or config["inference"]["backend"]
+    return partition_config(config, partition).get("backend") or config["inference"]["backend"]
 
 
 OUTPUT = "output"  # shapes the stage's output: in the rule's params, so a change reruns the stage
@@ -108,8 +137,11 @@ def model_settings(config: dict) -> dict:
 
 
 def response_settings(config: dict, partition: str) -> dict:
-    """What shapes the partition's responses: its backend, sampling, that backend's output settings."""
+    """What shapes the partition's responses: its backend, sampling, that backend's output settings; for
+    the `dataset` backend, the source its prompts were read from and how (no sampling: nothing is generated)."""
     backend = inference_backend(config, partition)
+    if backend == DATASET:
+        return {"backend": backend, DATASET: dataset_settings(config, partition), "model": model_settings(config)}
     inference = config["inference"]
     return {
         "backend": backend,
@@ -117,6 +149,14 @@ def response_settings(config: dict, partition: str) -> dict:
         backend: split(inference[backend], f"inference.{backend}")[0],
         "model": model_settings(config),
     }
+
+
+def dataset_settings(config: dict, partition: str) -> dict:
+    """Where the `dataset` backend reads the records of a partition's prompts, and how they were parsed."""
+    part = partition_config(config, partition)
+    settings = {"source": part["source"], "format": part["format"], "system_prompt": part.get("system_prompt")}
+    settings.update({k: part[k] for k in ("subset", "split", "revision") if part.get(k) is not None})
+    return settings
 
 
 def response_run_settings(config: dict) -> dict:
@@ -415,14 +455,6 @@ def evaluate_settings(config: dict) -> dict:
     return split(config.get("evaluate"), "evaluate")[0]
 
 
-def holdout_partition(config: dict, partition: str) -> str:
-    """The partition whose held-out prompts `partition`'s exports leave out: its own.
-
-    Baseline hook (evaluate.baseline: original): the baseline pipeline's partition `baseline_partition(P)`
-    must return P here, so that its export leaves out P's held-out prompts too."""
-    return partition
-
-
 def evaluate_problems(config: dict) -> list[str]:
     """Evaluate settings no job could run, refused before any job."""
     if "evaluate" not in config:
@@ -433,12 +465,5 @@ def evaluate_problems(config: dict) -> list[str]:
         found.append(
             f"evaluate.speculative.topk is {speculative['topk']}: the CPU evaluation decodes one chain of "
             "proposals (greedy, SGLang's topk 1); set it to 1"
-        )
-    if config["evaluate"]["baseline"] == "original":
-        # Baseline hook: the pipeline of the dataset's own responses (a second partition per partition,
-        # `baseline_partition`) is not in this workflow yet.
-        found.append(
-            "evaluate.baseline: original needs the baseline pipeline (a partition of the dataset's own "
-            "responses beside each one), which this workflow does not have yet; set evaluate.baseline: none"
         )
     return found

@@ -55,35 +55,6 @@ def bootstrap_interval(
     return [values[int(tail * (reps - 1))], values[int((1 - tail) * (reps - 1))]]
 
 
-def paired_difference(figures: dict, baseline: dict, reps: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
-    """Acceptance length of `figures`' draft minus `baseline`'s, measured on the same held-out prompts,
-    with a percentile bootstrap interval that resamples prompts (each drawn prompt counts for both)."""
-    pairs = [
-        (a["accepted"], b["accepted"])
-        for a, b in zip(figures["per_prompt"], baseline["per_prompt"], strict=True)
-        if a["accepted"] and b["accepted"]
-    ]
-    if [a["id"] for a in figures["per_prompt"]] != [b["id"] for b in baseline["per_prompt"]]:
-        raise ValueError("the two drafts were not measured on the same held-out prompts")
-
-    def length(picks: list[int], side: int) -> float:
-        steps = [pairs[i][side] for i in picks]
-        return sum(sum(s) + len(s) for s in steps) / sum(len(s) for s in steps)
-
-    rng = random.Random(seed)
-    everything = list(range(len(pairs)))
-    values = sorted(
-        length(picks, 0) - length(picks, 1)
-        for picks in ([rng.randrange(len(pairs)) for _ in pairs] for _ in range(reps))
-    )
-    tail = (1 - level) / 2
-    return {
-        "difference": length(everything, 0) - length(everything, 1),
-        "interval_95": [values[int(tail * (reps - 1))], values[int((1 - tail) * (reps - 1))]],
-        "prompts": len(pairs),
-    }
-
-
 def held_out_samples(token_rows: Iterable[dict], ids: Iterable[str]) -> list[dict]:
     """The token rows of the held-out prompt ids, in the rows' order (a held-out prompt without a sample,
     its response dropped by the tokens stage, is absent)."""

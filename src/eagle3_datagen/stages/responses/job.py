@@ -28,6 +28,14 @@ def run_response_job(
 ) -> None:
     """`shards`: (prompts, out, stats) paths. `settings`: the job's response settings (the rule's merged
     with the run-only ones); `run_settings`: those run-only ones, recorded in each shard's stats."""
+    if settings["backend"] == "dataset":  # the records' own turns: no model, no journal, no budget
+        from eagle3_datagen.stages.responses.original import original_responses, think_tokens
+
+        think = think_tokens(settings["model"])
+        for prompts, out, stats in shards:
+            with reporting_full_disk(out):
+                original_responses(prompts, out, stats, settings["dataset"], think)
+        return
     provenance = {"run_settings": (run_settings or {}).get(settings["backend"]) or {}}
     launch = settings["sglang"].get("launch") if settings["backend"] == "sglang" else None
     restarts = launch["max_service_restarts"] if launch else 0

@@ -1,0 +1,61 @@
+"""A baseline twin (`evaluate.baseline: original`) run end to end on the finished demo: demo_alpaca's prompts
+answered by the dataset's own turns, through tokens and hidden states to the SpecForge export."""
+
+import json
+import shutil
+from collections import Counter
+
+import pytest
+import yaml
+
+from eagle3_datagen.formats.files import read_jsonl
+
+from .conftest import REPO, scheduled, snakemake
+
+pytestmark = pytest.mark.e2e
+DEMO = yaml.safe_load((REPO / "config.yaml").read_text())
+
+
+def test_a_twin_runs_from_the_demos_prompts_to_its_specforge_export(demo_dir, tmp_path):
+    """The finished demo (copied, so its other tests see it as it was) with baseline on: demo_alpaca's twin
+    runs its four jobs on the dataset's own answers and nothing of the demo reruns."""
+    work = tmp_path / "wf"
+    shutil.copytree(demo_dir, work, symlinks=True)
+    config = {**DEMO, "evaluate": {"baseline": "original"}}
+    (work / "baseline.yaml").write_text(yaml.safe_dump(config))
+    export = "results/demo_alpaca+original/export/specforge"
+    args = ["--profile", "profiles/local", "--configfile", "baseline.yaml"]
+    listed = snakemake([export, "-n", *args], work).stdout
+    assert Counter(r for r, _ in scheduled(listed)) == {"responses": 1, "tokens": 1, "hidden_states": 1, "export": 1}
+    snakemake([export, *args], work)
+
+    records = json.loads((REPO / "resources/demo/data/alpaca.json").read_text())
+    rows = read_jsonl(work / "results/demo_alpaca+original/responses/00000.jsonl.zst")
+    prompts = read_jsonl(work / "results/demo_alpaca/prompts/00000.jsonl.zst")
+    assert [r["id"] for r in rows] == [p["id"] for p in prompts]
+    for row in rows:
+        answers = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+        assert answers == [records[row["source"]["line"] - 1]["output"]]
+    index = json.loads((work / "results/demo_alpaca+original/hidden/00000/index.json").read_text())
+    assert index["samples"] == len(rows)
+    ours = read_jsonl(work / "results/demo_alpaca+original/tokens/00000.jsonl.zst")
+    regenerated = read_jsonl(work / "results/demo_alpaca/tokens/00000.jsonl.zst")
+    # every prompt answered (the regenerated data drops its truncated and malformed rows), other answers
+    assert [s["id"] for s in ours] == [p["id"] for p in prompts]
+    assert {s["id"] for s in regenerated} <= {s["id"] for s in ours}
+    by_id = {s["id"]: s["input_ids"] for s in ours}
+    assert any(by_id[s["id"]] != s["input_ids"] for s in regenerated)
+    ours_export = json.loads((work / export / "export.json").read_text())
+    assert (ours_export["samples"], ours_export["shards"]) == (len(rows), ["results/demo_alpaca+original/hidden/00000"])
+    # the same capture, trainer and draft (its config, the draft vocabulary) as the regenerated data's export
+    theirs = work / "results/demo_alpaca/export/specforge"
+    same = ("aux_layers", "final", "final_norm_applied", "format", "specforge_aux_layer_ids", "trainer")
+    theirs_export = json.loads((theirs / "export.json").read_text())
+    assert {k: ours_export[k] for k in same} == {k: theirs_export[k] for k in same}
+    assert (work / export / "draft_config.json").read_text() == (theirs / "draft_config.json").read_text()
+    ours_yaml, theirs_yaml = (yaml.safe_load((d / "specforge.yaml").read_text()) for d in (work / export, theirs))
+    assert ours_yaml["model"].pop("draft_model_config").endswith(f"{export}/draft_config.json")
+    del theirs_yaml["model"]["draft_model_config"]
+    # the same target, heads and draft vocabulary (their paths written in the demo's folder, before the copy)
+    assert ours_yaml["model"] == {k: v.replace(str(demo_dir), str(work)) for k, v in theirs_yaml["model"].items()}
+    assert "Nothing to be done" in snakemake(["-n", *args], work).stdout
