@@ -1,3 +1,4 @@
+import json
 import os
 import re
 import shutil
@@ -192,6 +193,38 @@ def tiny_qwen3(vocab_size: int, num_layers: int = 8, **overrides):
 
 # Hidden-state settings of the shard tests: float32 states, 1 MiB parts, 64-token batches.
 HIDDEN_SETTINGS = defaults("hidden_states", dtype="float32", shard_bytes=1 << 20, max_batch_tokens=64)
+
+
+# A hidden-state job's settings as the workflow's rule hands them to scripts/hidden_states.py.
+RUNNER_HIDDEN = defaults(
+    "hidden_states", aux_layers="auto", final="raw", dtype="float32", max_batch_tokens=64, hf={"dtype": "float32"}
+)
+
+
+def runner_job_settings(model_dir, **hidden) -> dict:
+    return {
+        "model": defaults("model", path=str(model_dir)),
+        "hidden_states": {
+            **RUNNER_HIDDEN,
+            "shard_bytes": 20_000,
+            "runner": defaults("hidden_states.runner", idle_timeout=600),
+            **hidden,
+        },
+        "tensor_parallel": 1,
+    }
+
+
+def hidden_job(work, tokens, out, job_settings) -> subprocess.Popen:
+    """One hidden-state job as the workflow's rule runs it (its log: `out`.log)."""
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "scripts/hidden_states.py"), "--tokens", str(tokens), "--out", str(out),
+         "--settings", json.dumps(job_settings), "--run-settings", "{}", "--threads", "1"],
+        cwd=work, stderr=open(f"{out}.log", "w"), stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def runner_log(work) -> str:
+    return (work / "logs/capture_runner/runner.log").read_text()
 
 
 def make_samples(n, seed=0, lo=3, hi=40) -> list[dict]:

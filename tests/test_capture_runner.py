@@ -7,50 +7,15 @@ workflow.
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import torch
 
 from eagle3_datagen.backends.hf.capture import HFCapture
-from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.hidden.shard import capture_shard
 
-from .conftest import REPO, defaults, wait_until
-from .test_hidden import make_samples
-
-HIDDEN = fill_defaults(
-    {"aux_layers": "auto", "final": "raw", "dtype": "float32", "max_batch_tokens": 64, "hf": {"dtype": "float32"}},
-    "hidden_states",
-)
-
-
-def settings(model_dir, **hidden) -> dict:
-    return {
-        "model": defaults("model", path=str(model_dir)),
-        "hidden_states": {
-            **HIDDEN,
-            "shard_bytes": 20_000,
-            "runner": defaults("hidden_states.runner", idle_timeout=600),
-            **hidden,
-        },
-        "tensor_parallel": 1,
-    }
-
-
-def hidden_job(work, tokens, out, job_settings) -> subprocess.Popen:
-    """One hidden-state job as the workflow's rule runs it (its log: `out`.log)."""
-    return subprocess.Popen(
-        [sys.executable, str(REPO / "scripts/hidden_states.py"), "--tokens", str(tokens), "--out", str(out),
-         "--settings", json.dumps(job_settings), "--run-settings", "{}", "--threads", "1"],
-        cwd=work, stderr=open(f"{out}.log", "w"), stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
-def runner_log(work) -> str:
-    return (work / "logs/capture_runner/runner.log").read_text()
+from .conftest import hidden_job, make_samples, runner_job_settings, runner_log, wait_until
 
 
 def test_shard_jobs_share_one_runner_and_write_what_an_in_process_capture_writes(tmp_path, node, tiny_model_dir):
@@ -59,7 +24,7 @@ def test_shard_jobs_share_one_runner_and_write_what_an_in_process_capture_writes
         write_jsonl_zst(tmp_path / f"{number}.jsonl.zst", samples)
     for number in range(3):
         tokens, out = tmp_path / f"{number}.jsonl.zst", tmp_path / f"out{number}"
-        assert hidden_job(tmp_path, tokens, out, settings(tiny_model_dir)).wait() == 0
+        assert hidden_job(tmp_path, tokens, out, runner_job_settings(tiny_model_dir)).wait() == 0
     log = runner_log(tmp_path)
     assert log.count("starting the capture runner") == 1 and log.count("capture runner ready after") == 1
     (load,) = read_jsonl(tmp_path / "logs/capture_runner/loads.jsonl")  # the one load, recorded for the plan
@@ -72,7 +37,7 @@ def test_shard_jobs_share_one_runner_and_write_what_an_in_process_capture_writes
 
     torch.set_num_threads(1)  # as the runner: --threads 1
     capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32", "device": "cpu"})
-    hidden = settings(tiny_model_dir)["hidden_states"]
+    hidden = runner_job_settings(tiny_model_dir)["hidden_states"]
     for number, samples in enumerate(shards):
         reference = capture_shard(samples, tmp_path / f"ref{number}", capture, hidden)
         written = json.loads((tmp_path / f"out{number}/index.json").read_text())
@@ -83,7 +48,7 @@ def test_shard_jobs_share_one_runner_and_write_what_an_in_process_capture_writes
 def test_a_job_killed_with_9_cancels_its_shard_and_its_rerun_resumes_in_the_same_runner(tmp_path, node, tiny_model_dir):
     samples = make_samples(600, seed=3)
     write_jsonl_zst(tmp_path / "big.jsonl.zst", samples)
-    job_settings = settings(tiny_model_dir, shard_bytes=4_000)
+    job_settings = runner_job_settings(tiny_model_dir, shard_bytes=4_000)
     partial = tmp_path / ".out.partial"
     killed = hidden_job(tmp_path, tmp_path / "big.jsonl.zst", tmp_path / "out", job_settings)
     wait_until(lambda: len(list(partial.glob("part-*.safetensors"))) >= 3, timeout=120, interval=0.05)
@@ -102,15 +67,16 @@ def test_a_job_killed_with_9_cancels_its_shard_and_its_rerun_resumes_in_the_same
 
 def test_a_failed_shard_fails_its_job_and_a_runner_for_other_settings_replaces_this_one(tmp_path, node, tiny_model_dir):
     write_jsonl_zst(tmp_path / "t.jsonl.zst", make_samples(4))
-    missing = hidden_job(tmp_path, tmp_path / "missing.jsonl.zst", tmp_path / "o1", settings(tiny_model_dir))
+    missing = hidden_job(tmp_path, tmp_path / "missing.jsonl.zst", tmp_path / "o1", runner_job_settings(tiny_model_dir))
     assert missing.wait() == 2  # a user error: one line, exit 2
     job_log = (tmp_path / "o1.log").read_text()
     assert "the capture runner failed on" in job_log and "FileNotFoundError" in job_log
     assert "missing.jsonl.zst" in job_log
     # The runner stopped after the error; the next job loads a fresh one, with other load settings: another key.
     tokens = tmp_path / "t.jsonl.zst"
-    assert hidden_job(tmp_path, tokens, tmp_path / "o2", settings(tiny_model_dir)).wait() == 0
-    assert hidden_job(tmp_path, tokens, tmp_path / "o3", settings(tiny_model_dir, final="normed")).wait() == 0
+    assert hidden_job(tmp_path, tokens, tmp_path / "o2", runner_job_settings(tiny_model_dir)).wait() == 0
+    normed = runner_job_settings(tiny_model_dir, final="normed")
+    assert hidden_job(tmp_path, tokens, tmp_path / "o3", normed).wait() == 0
     log = runner_log(tmp_path)
     assert log.count("capture runner ready after") == 3
     assert len(read_jsonl(tmp_path / "logs/capture_runner/loads.jsonl")) == 3

@@ -29,8 +29,18 @@ from eagle3_datagen.stages.hidden.shard import capture_shard
 from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
 
 from .conftest import HIDDEN_SETTINGS as SETTINGS
-from .conftest import KEY_ENV, REPO, SAMPLING, defaults, make_samples, prompts_file, wait_until
-from .test_capture_runner import hidden_job, runner_log, settings
+from .conftest import (
+    KEY_ENV,
+    REPO,
+    SAMPLING,
+    defaults,
+    hidden_job,
+    make_samples,
+    prompts_file,
+    runner_job_settings,
+    runner_log,
+    wait_until,
+)
 
 pytestmark = pytest.mark.mount
 
@@ -80,7 +90,7 @@ def test_a_full_disk_during_capture_fails_the_job_saying_so_and_the_rerun_keeps_
     samples = make_samples(200, seed=3)
     write_jsonl_zst(tmp_path / "t.jsonl.zst", samples)
     out = disk.path / "out"
-    job_settings = settings(tiny_model_dir, shard_bytes=20_000)
+    job_settings = runner_job_settings(tiny_model_dir, shard_bytes=20_000)
     disk.fill(left=150_000)
     assert hidden_job(tmp_path, tmp_path / "t.jsonl.zst", out, job_settings).wait() == 2
     job_log = Path(f"{out}.log").read_text()

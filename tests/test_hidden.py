@@ -13,7 +13,6 @@ from eagle3_datagen.formats.hidden_shard import COLUMNS, HiddenShard, plan_parts
 from eagle3_datagen.stages.hidden import shard
 from eagle3_datagen.stages.hidden.shard import capture_shard
 
-# SETTINGS and make_samples are named here too for tests/test_capture_runner.py and tests/test_faults.py
 from .conftest import HIDDEN_SETTINGS as SETTINGS
 from .conftest import make_samples
 

@@ -12,8 +12,7 @@ from eagle3_datagen import config_schema
 from eagle3_datagen.formats.service_loads import append_load
 from eagle3_datagen.workflow import settings as wf
 
-from .conftest import REPO, copy_workflow, snakemake
-from .test_workflow import scheduled
+from .conftest import REPO, copy_workflow, scheduled, snakemake
 
 # Every leaf key of the schema by dotted path (`*` for a partition's name), with its schema.
 KEYS = config_schema.leaf_keys()

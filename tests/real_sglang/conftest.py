@@ -117,3 +117,18 @@ def served_model_dir(tmp_path_factory, qwen_tokenizer) -> Path:
     tiny_qwen3(len(qwen_tokenizer), num_layers=4).save_pretrained(path)
     qwen_tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def hf_model(served_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(served_model_dir, dtype=torch.float32).eval()
+
+
+def greedy(hf_model, prompt_ids, max_new_tokens):
+    """transformers' greedy continuation of `prompt_ids`: what the served model must answer at temperature 0."""
+    out = hf_model.generate(
+        torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt_ids) :].tolist()

@@ -25,11 +25,8 @@ from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.formats.journal import journal_path
 
-from ..conftest import REPO, free_port, wait_until
-from ..test_capture_runner import hidden_job
-from ..test_hidden import make_samples
-from .conftest import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS
-from .test_server import greedy, hf_model  # noqa: F401 - a fixture
+from ..conftest import REPO, free_port, hidden_job, make_samples, wait_until
+from .conftest import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS, greedy
 
 PROMPTS = 24
 MAX_TOKENS = 16
@@ -64,7 +61,7 @@ def test_a_killed_and_a_hung_server_are_restarted_and_the_shard_loses_no_prompt(
     tmp_path,
     node,
     served_model_dir,
-    hf_model,  # noqa: F811
+    hf_model,
 ):
     prompts = [
         {"id": f"p{i:02d}", "source": "test", "messages": [{"role": "user", "content": f"Count to {i} in words."}]}

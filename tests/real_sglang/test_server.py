@@ -11,7 +11,6 @@ import sys
 import urllib.request
 
 import pytest
-import torch
 
 from eagle3_datagen.backends.sglang.generate import SGLangBackend
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
@@ -20,7 +19,7 @@ from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
 
 from ..conftest import free_port, process_exists, wait_until
-from .conftest import CPU_LAUNCH_ARGS
+from .conftest import CPU_LAUNCH_ARGS, greedy
 
 JOB = """
 import sys, time
@@ -53,20 +52,6 @@ def server(tmp_path_factory, served_model_dir):
     assert wait_until(lambda: not process_exists(server_pid), timeout=60), (
         "the SGLang server outlived its job's SIGTERM"
     )
-
-
-@pytest.fixture(scope="module")
-def hf_model(served_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(served_model_dir, dtype=torch.float32).eval()
-
-
-def greedy(hf_model, prompt_ids, max_new_tokens):
-    out = hf_model.generate(
-        torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
-    )
-    return out[0, len(prompt_ids) :].tolist()
 
 
 def post(url, path, payload=None):

@@ -77,6 +77,9 @@ def run_config(partitions: dict) -> dict:
     config = yaml.safe_load((REPO / "config.yaml").read_text())
     config["partitions"] = {name: {**config["partitions"][name], "shards": n} for name, n in partitions.items()}
     del config["demo"]  # the model built by the first step, as a production directory
+    # what the SGLang server and capture runner make is under test, not the drafts trained on it (the
+    # evaluate stage: tests/test_workflow.py, tests/trainers)
+    del config["evaluate"]
     # the capture runner's tensor-parallel size: torchrun --nproc-per-node 2 (the server keeps TP 1: its args)
     config["resources"]["gpus_per_node"] = GPUS
     config["inference"]["backend"] = "sglang"
