@@ -46,7 +46,12 @@ def test_a_twin_runs_from_the_demos_prompts_to_its_specforge_export(demo_dir, tm
     by_id = {s["id"]: s["input_ids"] for s in ours}
     assert any(by_id[s["id"]] != s["input_ids"] for s in regenerated)
     ours_export = json.loads((work / export / "export.json").read_text())
-    assert (ours_export["samples"], ours_export["shards"]) == (len(rows), ["results/demo_alpaca+original/hidden/00000"])
+    # the export leaves out demo_alpaca's held-out prompts (evaluate.holdout), as demo_alpaca's does
+    assert ours_export["held_out"] == DEMO["evaluate"]["holdout"]
+    assert (ours_export["samples"] + ours_export["held_out"], ours_export["shards"]) == (
+        len(rows),
+        ["results/demo_alpaca+original/hidden/00000"],
+    )
     # the same capture, trainer and draft (its config, the draft vocabulary) as the regenerated data's export
     theirs = work / "results/demo_alpaca/export/specforge"
     same = ("aux_layers", "final", "final_norm_applied", "format", "specforge_aux_layer_ids", "trainer")

@@ -238,6 +238,7 @@ def test_snakemake_report_builds_from_the_demo_run_with_its_plots(demo_dir, tmp_
     assert base64.b64encode(summary.encode()).decode()[:2000] in report.read_text(errors="replace")
     images = embedded_pngs(summary)
     assert set(images) == {
+        "acceptance length per partition and by draft position",
         "length histograms",
         "outcomes",
         "cost, throughput and bytes",
