@@ -69,7 +69,7 @@ def test_a_misspelled_key_is_named_in_a_few_lines_with_the_nearest_key(workflow)
     proc = snakemake(["-n", "--configfile", config], workflow, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and len(out.splitlines()) < 40
-    assert "- the top level: 'partitons' was unexpected: did you mean 'partitions'? Allowed: demo, evaluate, export," in out
+    assert "- the top level: 'partitons' was unexpected: did you mean 'partitions'? Allowed: demo, evaluate," in out
     assert "- the top level: 'partitions' is a required property" in out
     assert "rule " not in proc.stdout
 

@@ -13,6 +13,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
+from eagle3_datagen.formats.files import InputError
 from eagle3_datagen.stages.evaluate.draft import (
     load_draft,
     specforge_on_cpu,
@@ -91,6 +92,15 @@ def evaluate_partition(
         raise ValueError("the CPU path decodes a chain: evaluate.speculative.topk must be 1")
     if not held_out:
         raise ValueError("no held-out sample to decode: raise evaluate.holdout (or the partition has no samples)")
+    samples = sum(json.loads((e / "export.json").read_text())["samples"] for e in exports)
+    if samples < settings["batch_size"]:
+        # SpecForge's loader drops an incomplete batch: fewer samples than a batch train nothing
+        raise InputError(
+            exports[0] / "export.json",
+            None,
+            f"{samples} training samples, fewer than one batch (evaluate.batch_size {settings['batch_size']})",
+            "lower evaluate.batch_size or evaluate.holdout, or give the partition more prompts",
+        )
     torch.manual_seed(settings["seed"])
     specforge_on_cpu()
     torch.set_num_threads(1)  # the tiny CPU models' matrices: one thread beats two contending
