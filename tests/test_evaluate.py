@@ -2,13 +2,18 @@
 intervals, the quick fail and the plan's count of the evaluation's cost (the measurement itself runs under
 SpecForge's venv: tests/trainers/test_evaluate.py)."""
 
+import io
+import json
+
 import pytest
 import yaml
 
 from eagle3_datagen.config_schema import fill_defaults
+from eagle3_datagen.formats.files import InputError
 from eagle3_datagen.reporting.plan import PartitionPlan, format_plan, plan_evaluation
 from eagle3_datagen.stages.evaluate.measure import (
     bootstrap_interval,
+    evaluate_partition,
     held_out_prompt,
     held_out_samples,
 )
@@ -104,3 +109,14 @@ def test_the_gpu_paths_launch_flags_and_acceptance_from_sglangs_meta_info():
     assert figures["per_prompt"] == [3.0, 1.0]
     with pytest.raises(ValueError, match="was the server started with EAGLE3"):
         sglang_acceptance([{"completion_tokens": 3, "spec_verify_ct": 0}])
+
+
+def test_fewer_training_samples_than_a_batch_is_a_user_error_naming_the_export_and_the_fix(tmp_path):
+    """SpecForge's loader drops an incomplete batch: an export smaller than evaluate.batch_size would train
+    nothing and leave no checkpoint; the job says so before SpecForge starts."""
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "export.json").write_text(json.dumps({"samples": 3}))
+    sample = {"id": "a", "input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}
+    with pytest.raises(InputError, match=r"3 training samples, fewer than one batch \(evaluate.batch_size 4\)"):
+        evaluate_partition([export], [sample], tmp_path / "work", defaults("evaluate", batch_size=4), io.StringIO())
