@@ -18,7 +18,7 @@ DEMO = yaml.safe_load((REPO / "config.yaml").read_text())
 
 def test_a_twin_runs_from_the_demos_prompts_to_its_specforge_export(demo_dir, tmp_path):
     """The finished demo (copied, so its other tests see it as it was) with baseline on: demo_alpaca's twin
-    runs its four jobs on the dataset's own answers and nothing of the demo reruns."""
+    runs its four jobs on the dataset's own answers; then only the drafts rerun, beside their baselines."""
     work = tmp_path / "wf"
     shutil.copytree(demo_dir, work, symlinks=True)
     config = {**DEMO, "evaluate": {"baseline": "original"}}
@@ -63,4 +63,8 @@ def test_a_twin_runs_from_the_demos_prompts_to_its_specforge_export(demo_dir, tm
     del theirs_yaml["model"]["draft_model_config"]
     # the same target, heads and draft vocabulary (their paths written in the demo's folder, before the copy)
     assert ours_yaml["model"] == {k: v.replace(str(demo_dir), str(work)) for k, v in theirs_yaml["model"].items()}
-    assert "Nothing to be done" in snakemake(["-n", *args], work).stdout
+    # the whole workflow then: the other twins, and every draft trained again beside its baseline; no job of
+    # the demo's data, none of this twin's
+    jobs = scheduled(snakemake(["-n", *args], work).stdout)
+    assert {(r, p) for r, p in jobs if p and "+" not in p} == {("evaluate", p) for p in DEMO["partitions"]}
+    assert "demo_alpaca+original" not in {p for _, p in jobs}
