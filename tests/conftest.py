@@ -273,14 +273,6 @@ def wait_until(condition, timeout=60.0, interval=0.1) -> bool:
     return True
 
 
-def process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 # The responses backends against the loopback server (tests/doubles/loopback.py).
 KEY_ENV = "E3DG_TEST_OPENROUTER_KEY"
 FAST_RETRY = defaults("inference.sglang.retry", initial_backoff=0.01, max_backoff=0.05)

@@ -9,12 +9,13 @@ import sys
 import pytest
 
 from eagle3_datagen.backends.base import ServerError
+from eagle3_datagen.backends.service.record import pid_alive
 from eagle3_datagen.backends.sglang.server import launched_server
 from eagle3_datagen.chat.template import load_tokenizer
 from eagle3_datagen.formats.files import read_jsonl
 from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
 
-from .conftest import defaults, free_port, process_exists, prompts_file, run_responses, sglang_backend, wait_until
+from .conftest import defaults, free_port, prompts_file, run_responses, sglang_backend, wait_until
 
 
 def test_sglang_returns_exact_ids_through_two_tiers(tmp_path, qwen_tokenizer_dir):
@@ -86,4 +87,4 @@ def test_sigterm_stops_a_launched_server(tmp_path, qwen_tokenizer_dir):
     os.kill(server_pid, 0)  # running
     job.send_signal(signal.SIGTERM)
     assert job.wait(timeout=60) != 0
-    assert wait_until(lambda: not process_exists(server_pid), timeout=30), "the server outlived the job"
+    assert wait_until(lambda: not pid_alive(server_pid), timeout=30), "the server outlived the job"

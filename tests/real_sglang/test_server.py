@@ -12,13 +12,14 @@ import urllib.request
 
 import pytest
 
+from eagle3_datagen.backends.service.record import pid_alive
 from eagle3_datagen.backends.sglang.generate import SGLangBackend
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
 
-from ..conftest import free_port, process_exists, wait_until
+from ..conftest import free_port, wait_until
 from .conftest import CPU_LAUNCH_ARGS, greedy
 
 JOB = """
@@ -49,9 +50,7 @@ def server(tmp_path_factory, served_model_dir):
     yield url, server_pid
     job.send_signal(signal.SIGTERM)
     assert job.wait(timeout=120) != 0
-    assert wait_until(lambda: not process_exists(server_pid), timeout=60), (
-        "the SGLang server outlived its job's SIGTERM"
-    )
+    assert wait_until(lambda: not pid_alive(server_pid), timeout=60), "the SGLang server outlived its job's SIGTERM"
 
 
 def post(url, path, payload=None):
