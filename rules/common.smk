@@ -135,6 +135,8 @@ VOCAB_OPTIONS = (
 )
 PROBE_SETTINGS = {p: wf.as_json(wf.probe_settings(config, p)) for p in PARTITIONS}
 EVALUATE_SETTINGS = wf.evaluate_settings(config)
+# evaluate.device: cuda trains each draft on one GPU of the node (run-only: a resource, not a param)
+EVALUATE_GPUS = int("evaluate" in config and config["evaluate"]["device"] == "cuda")
 # Per partition, and a draft on every partition's exports together where there are several.
 EVALUATE_OUTPUTS = (
     expand("results/{p}/evaluate/acceptance.json", p=PARTITIONS)

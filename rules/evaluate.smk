@@ -41,6 +41,9 @@ rule evaluate:
         "benchmarks/{partition}/evaluate/evaluate.tsv"
     conda:
         "../envs/specforge.yaml"
+    resources:
+        gpu=EVALUATE_GPUS,
+        slurm_partition="gpu" if EVALUATE_GPUS else "cpu",
     params:
         name=lambda wildcards: wildcards.partition,
         settings=wf.as_json(EVALUATE_SETTINGS),

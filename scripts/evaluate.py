@@ -4,9 +4,9 @@ release and measure its acceptance length by speculative decoding of the target 
 fail below `min_acceptance_length`, keeping the data. With `--baseline-export`, train the same draft on the
 baseline's export too and measure both on the same held-out samples.
 
-Runs under SpecForge's venv (`make specforge-env`), on the CPU."""
+Runs under SpecForge's venv (`make specforge-env`); the training on the CPU, or on one GPU with
+evaluate.device: cuda; the decoding on the CPU."""
 
-import json
 import logging
 import shutil
 import sys
@@ -22,17 +22,16 @@ from eagle3_datagen.stages.evaluate.speculative import AcceptanceTooLow, check_a
 
 
 def main() -> None:
-    p = cli.parser(__doc__, stage_settings=False)
+    p = cli.parser(__doc__)
     p.add_argument("--partition", required=True, help="the partition's name (`all`: every partition together)")
     p.add_argument("--export", nargs="+", required=True, help="SpecForge export directories (the training data)")
     p.add_argument("--tokens", nargs="+", required=True, help="token shards (jsonl.zst) holding the held-out samples")
     p.add_argument("--holdout", nargs="+", required=True, help="holdout files: the held-out prompt ids")
     p.add_argument("--baseline-export", nargs="*", default=[], help="the baseline's SpecForge exports, if any")
-    p.add_argument("--settings", required=True, type=json.loads, help="JSON: the config's `evaluate` section")
     p.add_argument("--draft", required=True, help="directory to create: the trained draft's SpecForge checkpoint")
     p.add_argument("--out", required=True, help="the figures (JSON)")
     args = p.parse_args()
-    logging.basicConfig(level=logging.INFO)
+    cli.setup(args, "evaluate")
     log = logging.getLogger("evaluate")
     settings = args.settings
     ids = [i for path in args.holdout for i in read_holdout(path)]

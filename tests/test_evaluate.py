@@ -6,11 +6,13 @@ import io
 import json
 
 import pytest
+import torch
 import yaml
 
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import InputError
 from eagle3_datagen.reporting.plan import PartitionPlan, format_plan, plan_evaluation
+from eagle3_datagen.stages.evaluate.loss_kernel import kernel_agreement, loss_inputs
 from eagle3_datagen.stages.evaluate.measure import (
     bootstrap_interval,
     evaluate_partition,
@@ -120,3 +122,25 @@ def test_fewer_training_samples_than_a_batch_is_a_user_error_naming_the_export_a
     sample = {"id": "a", "input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}
     with pytest.raises(InputError, match=r"3 training samples, fewer than one batch \(evaluate.batch_size 4\)"):
         evaluate_partition([export], [sample], tmp_path / "work", defaults("evaluate", batch_size=4), io.StringIO())
+
+
+def reference_loss(logits, target, mask):
+    """SpecForge 0.2.0's `_compute_loss` as its module writes it (the release runs in tests/trainers)."""
+    return -torch.sum(mask * target * torch.log_softmax(logits.float(), dim=2), 2).mean()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_loss_kernel_check_passes_an_equal_loss_and_fails_one_that_ignores_the_mask(dtype):
+    """The comparison the GPU check (scripts/loss_kernel_check.py) makes of SpecForge's Triton kernel,
+    here between the reference and itself (agree, to the bit) and a loss that ignores the position mask."""
+    inputs = loss_inputs(2, 16, 50, dtype=dtype, device="cpu")
+    same = kernel_agreement(reference_loss, reference_loss, *inputs)
+    assert same["agree"] and same["loss_relative_difference"] == 0 and same["gradient_max_relative_difference"] == 0
+    assert same["masked_gradient_zero"] and same["shape"] == [2, 16, 50]
+
+    def unmasked(logits, target, mask):
+        return reference_loss(logits, target, torch.ones_like(mask))
+
+    wrong = kernel_agreement(unmasked, reference_loss, *inputs)
+    assert not wrong["agree"] and not wrong["masked_gradient_zero"]
+    assert wrong["loss_kernel"] > wrong["loss_reference"] * 1.2  # a quarter more positions counted

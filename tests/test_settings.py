@@ -212,6 +212,7 @@ def coverage_config(hidden_backend: str) -> dict:
         ttt_length=7,
         speculative={"num_steps": 3, "topk": 1, "num_draft_tokens": 4},
         baseline="none",
+        device="cpu",
         python=".venv-specforge/bin/python",
     )
     config["probe"] = {

@@ -216,3 +216,15 @@ def test_a_draft_vocabulary_from_the_wrong_tokens_fails_the_quick_check(built, e
     assert proc.returncode == 2 and f"partition demo: acceptance length {bad:.3f} is below" in proc.stderr
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert set(before) <= set(after)  # the data stays
+
+
+@pytest.mark.gpu
+def test_specforges_triton_loss_kernel_equals_its_reference_on_a_gpu():
+    """The CPU path's substitution (stages/evaluate/draft.py) checked where the kernel runs: loss and gradient
+    of SpecForge's Triton kernel against its reference on the same inputs (bench/gpu_evaluate.sh ran it on
+    an H200: BENCHMARKS.md)."""
+    from eagle3_datagen.stages.evaluate.loss_kernel import specforge_kernel_agreement
+
+    results = specforge_kernel_agreement([(2, 256, 32000)], [torch.bfloat16, torch.float32])
+    assert [r["dtype"] for r in results] == ["bfloat16", "float32"]
+    assert all(r["agree"] and r["masked_gradient_zero"] for r in results), results

@@ -52,7 +52,7 @@ from specforge.runtime.data_plane.feature_store import LocalFeatureStore
 from specforge.training.model_loading import _generate_draft_config, resolve_draft_config
 
 from eagle3_datagen.formats.hidden_shard import HiddenShard
-from eagle3_datagen.stages.evaluate.draft import CPU_ENV, CPU_OVERRIDES
+from eagle3_datagen.stages.evaluate.draft import CPU_OVERRIDES, cpu_env
 from eagle3_datagen.stages.probe import LMHead
 
 pytestmark = pytest.mark.trainers
@@ -171,7 +171,7 @@ def test_specforge_train_on_the_export_lowers_the_loss(built, tmp_path):
     command += [f"training.max_steps={steps}", f"training.num_epochs={steps}", "training.batch_size=16"]
     command += ["training.learning_rate=0.01", "training.warmup_ratio=0", "training.lr_scheduler=constant"]
     command += ["training.log_interval=1", f"output_dir={tmp_path / 'out'}", f"data.cache_dir={tmp_path / 'cache'}"]
-    env = {**os.environ, **CPU_ENV}
+    env = cpu_env(dict(os.environ))
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     losses = train_losses(proc.stdout)

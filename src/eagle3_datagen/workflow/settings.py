@@ -225,6 +225,7 @@ def run_settings(config: dict) -> dict:
         "responses": response_run_settings(config),
         "hidden_states": hidden_run_settings(config),
         "probe": probe_run_settings(config),
+        "evaluate": split(config.get("evaluate"), "evaluate")[1],
     }
 
 

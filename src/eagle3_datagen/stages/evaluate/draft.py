@@ -1,8 +1,10 @@
 """A draft trained on an export by SpecForge 0.2.0's release, loaded by its own model class, and what
 SpecForge itself computes of it: its training-time (TTT) forward and its offline acceptance estimate.
 
-Runs in SpecForge's venv (`make specforge-env`: it pins transformers 5.8.1). On the CPU SpecForge runs as
-released but for documented substitutions, the same as tests/trainers/test_specforge.py's:
+Runs in SpecForge's venv (`make specforge-env`: it pins transformers 5.8.1). With `evaluate.device: cuda`
+`specforge train` runs as released on one GPU (sdpa attention for a draft with heads under 16 wide,
+which flex attention does not take). On the CPU it runs as released but for documented
+substitutions, the same as tests/trainers/test_specforge.py's:
 - `specforge train` overrides it supports as they are (`CPU_OVERRIDES`): sdpa attention (its default
   flex_attention has no CPU backward), no FSDP sharding (DDP over gloo), no dataloader workers;
 - `TORCHDYNAMO_DISABLE=1`: its `torch.compile`d helpers run eagerly (compiled, they recompile for every
@@ -13,6 +15,7 @@ released but for documented substitutions, the same as tests/trainers/test_specf
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,7 +27,24 @@ import yaml
 
 SPECFORGE_CPU = Path(__file__).parent / "specforge_cpu"
 CPU_OVERRIDES = ["training.attention_backend=sdpa", "training.fsdp_sharding=NO_SHARD", "data.dataloader_num_workers=0"]
-CPU_ENV = {"TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": str(SPECFORGE_CPU)}
+# SpecForge's default attention on a GPU, flex attention, is lowered to Triton kernels that need a head
+# dimension of at least 16 (torch inductor: "NYI: embedding dimension ... must be at least 16").
+FLEX_MIN_HEAD_DIM = 16
+
+
+def gpu_overrides(export_dir: Path) -> list[str]:
+    """`specforge train` overrides on a GPU: none, but sdpa attention for a draft whose heads are narrower
+    than flex attention takes (the tiny targets' drafts)."""
+    draft = json.loads((export_dir / "draft_config.json").read_text())
+    head_dim = draft.get("head_dim") or draft["hidden_size"] // draft["num_attention_heads"]
+    return ["training.attention_backend=sdpa"] if head_dim < FLEX_MIN_HEAD_DIM else []
+
+
+def cpu_env(environ: dict) -> dict:
+    """`environ` for SpecForge's CPU training processes: its helpers eager, its loss through the reference
+    (`specforge_cpu/sitecustomize.py`, ahead of whatever PYTHONPATH already holds)."""
+    path = os.pathsep.join(p for p in (str(SPECFORGE_CPU), environ.get("PYTHONPATH")) if p)
+    return {**environ, "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": path}
 
 
 def specforge_on_cpu() -> None:
@@ -39,15 +59,16 @@ def specforge_on_cpu() -> None:
 
 def train_draft(export_dir: Path, out_dir: Path, settings: dict, log: TextIO, data_dir: Path | None = None) -> Path:
     """`specforge train` on the export's own `specforge.yaml` (its samples, or those under `data_dir`) for
-    `settings` (the `evaluate` section: steps, seed, batch_size, learning_rate, ttt_length) at a fixed seed,
-    its output to `log`; returns the trained draft's checkpoint directory (SpecForge's latest under
+    `settings` (the `evaluate` section: steps, seed, batch_size, learning_rate, ttt_length, device) at a fixed
+    seed, its output to `log`; returns the trained draft's checkpoint directory (SpecForge's latest under
     `out_dir/run`, its output_dir)."""
     # SpecForge runs in out_dir: every path it is given is absolute
     export_dir, out_dir = export_dir.resolve(), out_dir.resolve()
     data_dir = data_dir.resolve() if data_dir is not None else None
     steps = settings["steps"]
     train = [str(Path(sys.executable).parent / "specforge"), "train", "--config", str(export_dir / "specforge.yaml")]
-    train += CPU_OVERRIDES
+    on_cpu = settings["device"] == "cpu"
+    train += CPU_OVERRIDES if on_cpu else gpu_overrides(export_dir)
     train += [f"training.max_steps={steps}", f"training.num_epochs={steps}"]
     train += [f"training.batch_size={settings['batch_size']}"]
     train += [f"training.learning_rate={settings['learning_rate']}", "training.warmup_ratio=0"]
@@ -59,7 +80,7 @@ def train_draft(export_dir: Path, out_dir: Path, settings: dict, log: TextIO, da
     out_dir.mkdir(parents=True, exist_ok=True)
     log.write(" ".join(train) + "\n")
     log.flush()
-    env = {**os.environ, **CPU_ENV}
+    env = cpu_env(dict(os.environ)) if on_cpu else dict(os.environ)
     subprocess.run(train, check=True, env=env, cwd=out_dir, stdout=log, stderr=subprocess.STDOUT)
     # SpecForge's `{run_id}-latest` link names its last checkpoint directory
     (latest,) = (out_dir / "run").glob("*-latest")
