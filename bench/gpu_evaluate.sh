@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The evaluate stage's training on a GPU, as one prepared run on a machine with one CUDA GPU and the
-# tiny Kimi's finished workflow (`make tiny-kimi`) copied into results/:
+# The evaluate stage's training on a GPU, as one prepared run on a machine with one CUDA GPU and a
+# finished workflow with an `evaluate` section (`make tiny-kimi`, `make demo`) copied into results/:
 #   1. SpecForge 0.2.0's Triton loss kernel against the reference the CPU path trains with
 #      (scripts/loss_kernel_check.py);
-#   2. the draft over all tiny Kimi partitions trained with `specforge train` as released on the GPU
+#   2. the draft over all partitions trained with `specforge train` as released on the GPU
 #      (evaluate.device: cuda) and, on the same machine, with the CPU path's substitutions
 #      (evaluate.device: cpu), each measured on the same held-out samples (scripts/evaluate.py).
 # Usage: bench/gpu_evaluate.sh WHEELS OUT. WHEELS holds SpecForge 0.2.0 and the pins of
@@ -22,19 +22,24 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 python3 scripts/loss_kernel_check.py --out "$out/loss_kernel.json" || echo "the loss kernel disagrees: see loss_kernel.json"
 
+# Every partition's export but the baseline twins' (P+original), with its token shards and held-out ids.
+exports=() tokens=() holdouts=()
+for export in results/*/export/specforge; do
+    partition=${export#results/} partition=${partition%%/*}
+    [[ $partition == *+original ]] && continue
+    exports+=("$export") holdouts+=("results/$partition/evaluate/holdout.json") tokens+=(results/"$partition"/tokens/*.jsonl.zst)
+done
 # The exports name the target, the draft config and the vocabulary by the absolute paths they were
 # written under: that checkout is this one here.
-target=$(sed -n 's/^ *target_model_path: *//p' results/tiny_chat/export/specforge/specforge.yaml)
-written_in=${target%/results/tiny-kimi/model}
+target=$(sed -n 's/^ *target_model_path: *//p' "${exports[0]}/specforge.yaml")
+written_in=${target%/results/*}
 if [ ! -e "$written_in" ]; then mkdir -p "$(dirname "$written_in")" && ln -s "$PWD" "$written_in"; fi
 settings=$(python3 -c "import json; s = json.load(open('results/evaluate/acceptance.json'))['settings']; \
 print(json.dumps({k: v for k, v in s.items() if k not in ('device', 'python')}))")
 for device in cuda cpu; do
     start=$(date +%s)
     python3 scripts/evaluate.py --partition all \
-        --export results/tiny_chat/export/specforge results/tiny_glaive/export/specforge \
-        --tokens results/tiny_chat/tokens/*.jsonl.zst results/tiny_glaive/tokens/*.jsonl.zst \
-        --holdout results/tiny_chat/evaluate/holdout.json results/tiny_glaive/evaluate/holdout.json \
+        --export "${exports[@]}" --tokens "${tokens[@]}" --holdout "${holdouts[@]}" \
         --settings "$settings" --run-settings "{\"device\": \"$device\"}" \
         --draft "/tmp/draft-$device" --out "$out/acceptance-$device.json" 2>"$out/evaluate-$device.log" ||
         { tail -40 "$out/evaluate-$device.log"; exit 1; }
