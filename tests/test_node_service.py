@@ -22,7 +22,7 @@ from eagle3_datagen.backends.service.record import node_dir, pid_alive, running_
 from eagle3_datagen.backends.service.supervise import healthy
 from eagle3_datagen.formats.files import read_jsonl
 
-from .conftest import REPO, free_port, wait_until
+from .conftest import REPO, defaults, free_port, wait_until
 
 JOB = """
 import sys, time
@@ -142,7 +142,10 @@ def test_under_slurm_the_supervisor_is_a_job_step_of_its_own(monkeypatch, tmp_pa
     monkeypatch.setenv("SLURMD_NODENAME", "gpu-07")
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "96")
     monkeypatch.setattr(launch.shutil, "which", lambda name: f"/usr/bin/{name}")
-    service = Service("capture runner", "capture_runner", "/m", "k", ["torchrun"], str(tmp_path / "runner.log"), gpus=8)
+    runner = defaults("hidden_states.runner")
+    log = str(tmp_path / "runner.log")
+    timeouts = {"ready_timeout": runner["load_timeout"], "idle_timeout": runner["idle_timeout"]}
+    service = Service("capture runner", "capture_runner", "/m", "k", ["torchrun"], log, **timeouts, gpus=8)
     step = launch.slurm_step(service)
     assert step[:7] == ["srun", "--overlap", "--jobid=42", "--nodes=1", "--ntasks=1", "--nodelist=gpu-07", "--mem=0"]
     assert "--cpus-per-task=96" in step and "--gpus=8" in step

@@ -40,9 +40,10 @@ class Service:
     key: str  # what identifies it: a job that needs another key replaces it once no job uses it
     command: list[str]
     log: str  # the service's output, and the supervisor's
+    # from the stage's settings (the capture runner's load_timeout and idle_timeout, the server's launch)
+    ready_timeout: float
+    idle_timeout: float
     health_url: str | None = None  # ready when GET {health_url}/health answers 200; else when it marks itself loaded
-    ready_timeout: float = 1800.0
-    idle_timeout: float = 120.0
-    stop_timeout: float = 60.0
+    stop_timeout: float = 60.0  # SIGTERM to SIGKILL of its process group (the server's: launch.stop_timeout)
     hang_timeout: float | None = None  # once ready, killed as hung when its health URL is silent this long
     gpus: int = 0  # under SLURM, the GPUs its job step asks for
