@@ -4,11 +4,7 @@ stages as group jobs, the server and the capture runner in job steps of their ow
 the local run's.
 """
 
-import pytest
 import yaml
-from snakemake.utils import validate
-
-from eagle3_datagen.workflow import cluster_fit
 
 from .conftest import REPO, copy_workflow, snakemake
 from .slurm import NODE_SIZED, SLURM_ARGS, sacct_jobs
@@ -60,45 +56,3 @@ def test_prompt_jobs_under_slurm_match_the_local_run(slurm_cluster, tmp_path):
     assert "gres/gpu" not in jobs["rule_prompts_demo_alpaca"]["tres"]
     for target in targets:
         assert (work / target).read_bytes() == (local / target).read_bytes(), target
-
-
-def test_sinfo_nodes_are_parsed():
-    nodes = cluster_fit.parse_sinfo("cpu*|64|512000|(null)|2-00:00:00\ngpu|96|2000000+|gpu:h200:8(S:0-1)|infinite\n")
-    assert nodes == [
-        cluster_fit.Node("cpu", 64, 512000, 0, 2880, default=True),
-        cluster_fit.Node("gpu", 96, 2000000, 8, None),
-    ]
-    assert [cluster_fit.minutes(t) for t in ("30", "45:00", "4:30:00", "1-12", "1-00:30")] == [30, 45, 270, 2160, 1470]
-
-
-def test_requests_no_node_can_meet_are_named_with_the_fix():
-    nodes = cluster_fit.parse_sinfo("cpu*|2|22000|(null)|1:00:00\ngpu|2|22000|gpu:8|infinite\n")
-    fits = cluster_fit.Request("rule tokens", None, 2, 3000, 30, 0)
-    assert cluster_fit.problems([fits, fits], nodes) == []
-    too_many_cpus = cluster_fit.Request("rule hidden_states", "cpu", 32, 3000, 30, 0)
-    too_long = cluster_fit.Request("rule probe", "cpu", 1, 3000, 61, 0)
-    gpus_on_cpu = cluster_fit.Request("rule responses", "cpu", 1, 3000, 30, 8)
-    gpus_on_gpu = cluster_fit.Request("rule responses", "gpu", 1, 3000, 30, 8)
-    no_such = cluster_fit.Request("rule export", "bigmem", 1, 1, 1, 0)
-    found = cluster_fit.problems([too_many_cpus, too_long, gpus_on_cpu, gpus_on_gpu, no_such], nodes)
-    assert found == [
-        "rule export: partition 'bigmem' does not exist (cpus_per_task=1, mem_mb=1, runtime=1, gpu=0)",
-        "rule hidden_states asks partition 'cpu' for cpus_per_task=32, mem_mb=3000, runtime=30, gpu=0; "
-        "its largest node has 2 CPUs, 22000 MB, 0 GPUs, time limit 60",
-        "rule probe asks partition 'cpu' for cpus_per_task=1, mem_mb=3000, runtime=61, gpu=0; "
-        "its largest node has 2 CPUs, 22000 MB, 0 GPUs, time limit 60",
-        "rule responses asks partition 'cpu' for cpus_per_task=1, mem_mb=3000, runtime=30, gpu=8; "
-        "its largest node has 2 CPUs, 22000 MB, 0 GPUs, time limit 60",
-    ]
-    with pytest.raises(cluster_fit.UnsatisfiableRequest, match="resources.jobs.<rule>"):
-        cluster_fit.check([too_many_cpus], nodes)
-
-
-def test_production_job_sizes_are_the_schema_defaults():
-    """A config without resources.jobs asks for what the profile used to set for every site."""
-    config = demo_config()
-    validate(config, str(REPO / "schemas/config.schema.yaml"))
-    assert config["resources"]["jobs"] == {
-        "hidden_states": {"mem_mb": 512000, "cpus_per_task": 32, "runtime": 1440},
-        "responses_sglang_server": {"mem_mb": 512000, "cpus_per_task": 32, "runtime": 2880},
-    }
