@@ -75,15 +75,17 @@ test-fast: install ## every tier but e2e, SLURM, SGLang and trainers (under 5 mi
 # directory of its own (the node services' directories: one model process per node each); the SLURM
 # test cluster is taken by one run at a time (tests/slurm). Each run's output is printed when it ends.
 # With more torch threads than cores, OpenMP's idle threads sleep instead of spinning (results unchanged).
+# The venvs each run needs are its prerequisites, so that the two jobs of -j2 build them side by side.
 TEST_TMP := $(or $(TMPDIR),/tmp)/eagle3-datagen-make-test
-test: slurm-packages install sglang-env speculators-env specforge-env ## every test tier, as CI does
+test: slurm-packages install ## every test tier, as CI does
 	OMP_WAIT_POLICY=PASSIVE $(MAKE) --no-print-directory -j2 --output-sync=target test-main test-apart
 
 # Main-suite files that run in the second run, after the SGLang and trainer tiers, so that the two runs
 # end together (the main suite alone ran about 6 minutes longer; the tiny Kimi workflow, fixtures of its
 # own, is about 3 of them).
 MAIN_BESIDE := tests/test_tiny_kimi.py
-test-main: install ## the main suite, but for MAIN_BESIDE (part of make test)
+# The demo (tests' demo_dir) trains its evaluate drafts with SpecForge.
+test-main: install specforge-env ## the main suite, but for MAIN_BESIDE (part of make test)
 	mkdir -p $(TEST_TMP)/main
 	TMPDIR=$(TEST_TMP)/main pytest -q --durations=25 $(addprefix --ignore=,$(MAIN_BESIDE))
 
