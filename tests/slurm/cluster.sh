@@ -103,6 +103,9 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 GresTypes=gpu
 ReturnToService=2
+# A requeued job waits one credential lifetime before it may start again (cred_expire, 120 s by default:
+# slurm.conf(5)); 30 s is still ample for a step launch on this node.
+AuthInfo=cred_expire=30
 SlurmctldTimeout=30
 SlurmdTimeout=30
 NodeName=$NODE CPUs=$cpus RealMemory=$mem_mb Gres=gpu:8 State=UNKNOWN
