@@ -133,6 +133,21 @@ def test_keep_last_trains_earlier_turns_as_the_last_prompt_renders_them(kimi, pi
     assert pairs(sample) == expected
 
 
+@pytest.mark.parametrize("thinking", ["keep_last", "drop"])
+def test_loss_turns_last_keeps_the_earlier_turns_as_context_only(kimi, pieces, thinking):
+    """tokens.loss_turns: last gives the same IDs as all, the earlier turns out of the loss."""
+    [every], _ = build(kimi, conversation(3), thinking=thinking)
+    [last], report = build(kimi, conversation(3), thinking=thinking, loss_turns="last")
+    assert last["input_ids"] == every["input_ids"] and report["settings"]["loss_turns"] == "last"
+    question, reasoning, answer = TURNS[2]
+    trained = emitted(pieces, reasoning, answer) if thinking == "keep_last" else [END_THINK, *pieces(answer), IM_END]
+    prompt = len(last["input_ids"]) - len(trained)
+    assert pairs(last) == unmasked(every["input_ids"][:prompt]) + masked(trained)
+    # the earlier turns' answers were in the loss with `all`: two turns' worth of tokens more
+    earlier = sum(len([END_THINK, *pieces(a), IM_END]) for _, _, a in TURNS[:2])
+    assert sum(every["loss_mask"]) - sum(last["loss_mask"]) == earlier
+
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_keep_all_trains_each_turn_after_its_own_prompt(kimi, pieces, n):
     samples, _ = build(kimi, conversation(n), thinking="keep_all")

@@ -47,6 +47,7 @@ class TokenSettings:
     thinking: str
     prefer_ids: str  # "server" | "text"
     keep_truncated: bool
+    loss_turns: str  # "all" | "last"
     max_length: int
     length_policy: str  # "truncate" | "drop"
     max_semantic_mismatch_rate: float
@@ -79,7 +80,9 @@ class TokenBuilder:
         encoder: PreTrainedTokenizerBase | None = None,
         reference: PreTrainedTokenizerBase | None = None,
     ):
-        self.locator = TurnLocator(tokenizer, specials, settings.thinking, settings.keep_truncated, template_kwargs)
+        self.locator = TurnLocator(
+            tokenizer, specials, settings.thinking, settings.keep_truncated, settings.loss_turns, template_kwargs
+        )
         self.encoding = PlanEncoder(encoder or tokenizer, reference, boundaries)
         self.tokenizer = tokenizer
         self.specials = specials

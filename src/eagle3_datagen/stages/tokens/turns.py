@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerBase
 from eagle3_datagen.chat.template import SpecialTokens, render_text
 
 THINKING_MODES = ("keep_last", "keep_all", "drop")
+LOSS_TURNS = ("all", "last")
 
 
 class BoundaryError(ValueError):
@@ -46,8 +47,8 @@ class TurnPlan:
 class TurnLocator:
     """Response rows -> `TurnPlan`s, rendered with the model's own tokenizer and template.
 
-    `thinking` (`keep_last`, `keep_all`, `drop`) and `keep_truncated` are the tokens stage's
-    settings; `template_kwargs` are the model's `chat_template_kwargs`.
+    `thinking` (`keep_last`, `keep_all`, `drop`), `keep_truncated` and `loss_turns` (`all`, `last`)
+    are the tokens stage's settings; `template_kwargs` are the model's `chat_template_kwargs`.
     """
 
     def __init__(
@@ -56,14 +57,18 @@ class TurnLocator:
         specials: SpecialTokens,
         thinking: str,
         keep_truncated: bool,
+        loss_turns: str,
         template_kwargs: dict | None = None,
     ):
         if thinking not in THINKING_MODES:
             raise ValueError(f"tokens.thinking must be one of {THINKING_MODES}, not {thinking!r}")
+        if loss_turns not in LOSS_TURNS:
+            raise ValueError(f"tokens.loss_turns must be one of {LOSS_TURNS}, not {loss_turns!r}")
         self.tokenizer = tokenizer
         self.specials = specials
         self.thinking = thinking
         self.keep_truncated = keep_truncated
+        self.loss_turns = loss_turns
         self.template_kwargs = template_kwargs or {}
         self._empty_think = None
         if specials.think_start and specials.think_end:
@@ -101,7 +106,8 @@ class TurnLocator:
                 for n, i in enumerate(assistant_at)
             ]
         last = assistant_at[-1]
-        return [self._plan(row["id"], messages[: last + 1], tools, assistant_at, ids_apply[last])]
+        trained = assistant_at if self.loss_turns == "all" else [last]
+        return [self._plan(row["id"], messages[: last + 1], tools, trained, ids_apply[last])]
 
     def _plan(
         self, sample_id: str, messages: list[dict], tools: list[dict] | None, loss_turns: list[int], ids_apply: bool
