@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tests.skip_policy", "pytester", "tests.slurm"]
@@ -123,8 +124,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory) -> Path:
-    """The embedded demo, run once with the README's own command in a copy of the workflow."""
+    """The embedded demo, run once with the README's own command in a copy of the workflow, without the
+    baseline the demo ships on (evaluate.baseline: its twins' jobs and trainings would double the evaluate
+    jobs of every test that shares this run; tests/test_baseline_workflow.py turns it on in a copy)."""
     work = copy_workflow(tmp_path_factory.mktemp("demo") / "wf")
+    config = yaml.safe_load((work / "config.yaml").read_text())
+    config["evaluate"]["baseline"] = "none"
+    (work / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     demo_command = readme_commands()[0]
     run(demo_command, work)
     return work

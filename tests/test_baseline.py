@@ -16,16 +16,16 @@ from .conftest import REPO, copy_workflow, scheduled, snakemake
 DEMO = yaml.safe_load((REPO / "config.yaml").read_text())
 
 
-def demo(baseline: str | None) -> dict:
+def demo(baseline: str) -> dict:
     config = config_schema.fill_defaults(yaml.safe_load((REPO / "config.yaml").read_text()))
-    if baseline is not None:
-        config["evaluate"]["baseline"] = baseline
+    config["evaluate"]["baseline"] = baseline
     return config
 
 
 def test_each_partition_gets_a_twin_with_its_settings_and_the_dataset_backend():
-    assert wf.baseline_partitions(demo(None)) == wf.baseline_partitions(demo("none")) == []
+    assert wf.baseline_partitions(demo("none")) == []
     config = demo("original")
+    assert DEMO["evaluate"]["baseline"] == "original"  # the demo ships with it on
     assert wf.baseline_partitions(config) == [
         "demo_alpaca+original",
         "demo_openai+original",
@@ -73,9 +73,9 @@ def test_the_demo_dry_run_lists_exactly_the_twins_jobs(tmp_path):
     hidden states per shard of its partition and one export, reading its partition's prompt shards: no
     prompts, probe, vocabulary or report job."""
     work = copy_workflow(tmp_path / "wf")
-    off, _ = dry_run(work, DEMO, [])
-    on = {**DEMO, "evaluate": {**DEMO["evaluate"], "baseline": "original"}}
-    both, out = dry_run(work, on, [])
+    without = {**DEMO, "evaluate": {**DEMO["evaluate"], "baseline": "none"}}
+    off, _ = dry_run(work, without, [])
+    both, out = dry_run(work, DEMO, [])
     extra = both - off
     assert sum((both & off).values()) == sum(off.values())  # every job of the demo is still there
     expected = Counter()
@@ -86,7 +86,8 @@ def test_the_demo_dry_run_lists_exactly_the_twins_jobs(tmp_path):
     assert extra == expected
     assert "input: results/demo_sharegpt/prompts/00001.jsonl.zst, resources/demo/data/sharegpt.jsonl" in out
     # baseline off, no rule makes a twin's output
+    (work / "off.yaml").write_text(yaml.safe_dump(without))
     proc = snakemake(
-        [twin_exports(DEMO)[0], "-n", "--profile", "profiles/local", "--configfile", "config.yaml"], work, check=False
+        [twin_exports(DEMO)[0], "-n", "--profile", "profiles/local", "--configfile", "off.yaml"], work, check=False
     )
     assert proc.returncode != 0 and "MissingRuleException" in proc.stdout + proc.stderr

@@ -189,7 +189,7 @@ def coverage_config(hidden_backend: str) -> dict:
         "price_per_million": {"prompt": 0.6, "completion": 3.0},
         "retry": dict(retry),
     }
-    config["tokens"].update(audit_examples=5)
+    config["tokens"].update(audit_examples=5, loss_turns="all")
     hidden = config["hidden_states"]
     hidden.update(
         backend=hidden_backend,

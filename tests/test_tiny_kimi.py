@@ -117,6 +117,19 @@ def test_tokens_train_each_turn_as_the_model_emitted_it(tiny_kimi_dir):
             assert audit["special_tokens"]["end_of_turn_id"] == 163586
 
 
+def assert_compared_with_the_original(figures, baseline_exports):
+    """acceptance.json's comparison: the baseline draft decoded on the same held-out prompts, the difference
+    (regenerated - original) and its paired bootstrap interval."""
+    baseline = figures["baseline"]
+    assert baseline["exports"] == baseline_exports and baseline["prompts"] == figures["prompts"]
+    assert 1.0 <= baseline["acceptance_length"] <= 4.0
+    assert baseline["draft_acceptance_length"] == figures["acceptance_length"]
+    assert baseline["difference"] == pytest.approx(figures["acceptance_length"] - baseline["acceptance_length"])
+    low, high = baseline["difference_interval_95"]
+    assert -3.0 <= low <= high <= 3.0
+    assert [p["id"] for p in baseline["per_prompt"]] == [p["id"] for p in figures["per_prompt"]]
+
+
 def test_hidden_states_probe_and_exports_on_the_kimi_architecture(tiny_kimi_dir):
     for partition, shards in PARTITIONS.items():
         tokens = read_jsonl(tiny_kimi_dir / f"results/{partition}/tokens/00000.jsonl.zst")
@@ -134,9 +147,13 @@ def test_hidden_states_probe_and_exports_on_the_kimi_architecture(tiny_kimi_dir)
         for fmt in ("specforge", "speculators"):
             summary = json.loads((tiny_kimi_dir / f"results/{partition}/export/{fmt}/export.json").read_text())
             assert summary["samples"] + summary["held_out"] == hidden and summary["held_out"] > 0
-        # the evaluate stage on the Kimi architecture: a draft measured on the held-out samples
+        # the evaluate stage on the Kimi architecture: a draft measured on the held-out samples, beside
+        # the same draft trained on the dataset's own responses (the twin `P+original`)
         figures = json.loads((tiny_kimi_dir / f"results/{partition}/evaluate/acceptance.json").read_text())
         assert figures["prompts"] == summary["held_out"] and 1.0 <= figures["acceptance_length"] <= 4.0
+        assert_compared_with_the_original(figures, [f"results/{partition}+original/export/specforge"])
+    together = json.loads((tiny_kimi_dir / "results/evaluate/acceptance.json").read_text())
+    assert_compared_with_the_original(together, [f"results/{p}+original/export/specforge" for p in PARTITIONS])
     d2t, t2d = np.load(tiny_kimi_dir / "results/vocab/d2t.npy"), np.load(tiny_kimi_dir / "results/vocab/t2d.npy")
     assert d2t.shape == (256,) and t2d.shape == (163840,) and t2d.sum() == 256
     assert (np.arange(256) + d2t).tolist() == np.flatnonzero(t2d).tolist()
