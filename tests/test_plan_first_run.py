@@ -30,14 +30,16 @@ def test_the_plan_on_a_fresh_demo_needs_no_built_model(tmp_path):
     work = copy_workflow(tmp_path / "wf")
     out = json.loads(plan(work, "--json").stdout)
     assert not (work / "results/demo/model").exists()
+    # each partition's baseline twin (evaluate.baseline: original) reads its prompts and generates nothing
+    prompts = {"demo_alpaca": 26, "demo_openai": 21, "demo_sharegpt": 24}
     assert {row["partition"]: row["prompts"] for row in out["partitions"]} == {
-        "demo_alpaca": 26,
-        "demo_openai": 21,
-        "demo_sharegpt": 24,
+        **prompts,
+        **{f"{p}+original": n for p, n in prompts.items()},
     }
+    assert {row["partition"]: row["backend"] for row in out["partitions"]}["demo_alpaca+original"] == "dataset"
     # the demo's shape (8 layers: aux 2, 4, 5 and the final, hidden 64, bf16) and Qwen3's tokens
     assert {row["hidden_basis"].split(" x ")[0] for row in out["partitions"]} == {"bfloat16, 517 B/token"}
-    assert out["total"]["prompt_tokens"] == 2259
+    assert out["total"]["prompt_tokens"] == 2 * 2259
     assert json.loads((work / "results/plan.json").read_text()) == out
 
 

@@ -24,8 +24,9 @@ def test_a_request_no_node_can_meet_fails_before_any_submission(slurm_cluster, t
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "SLURM could never start these jobs" in out
-    # the 5 shard jobs are one group job (the profile), one after another on one node: its runtime adds up
-    assert "group capture (5 jobs) asks partition 'cpu' for cpus_per_task=32, mem_mb=512000, runtime=7200" in out
+    # the 5 shard jobs and their 5 baseline twins' (evaluate.baseline: original) are one group job (the
+    # profile), one after another on one node: its runtime adds up
+    assert "group capture (10 jobs) asks partition 'cpu' for cpus_per_task=32, mem_mb=512000, runtime=14400" in out
     assert "resources.jobs.<rule>" in out
     assert len(sacct_jobs()) == before  # nothing was submitted
 

@@ -80,9 +80,12 @@ def stop_mid_capture(work: Path, env: dict, signum: int, to_group: bool) -> dict
     jobs (the rest of its process group), the supervisor and the runner are gone."""
     node = node_of(work)
     with open(work / "stopped.log", "w") as out:
+        # SIGINT as in a terminal: a shell that started pytest in the background (`cmd &`) left it ignored,
+        # which its children inherit (and Python then installs no KeyboardInterrupt handler)
         run = subprocess.Popen(
             [str(Path(sys.executable).parent / "snakemake"), "--profile", "profiles/local"],
             cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
         try:
             assert wait_until(lambda: capture_requested(node) or run.poll() is not None, timeout=600, interval=0.05)
