@@ -113,6 +113,14 @@ def test_the_evaluate_jobs_need_specforges_interpreter_and_a_chain_of_proposals(
     assert problems(config, [Job("tokens", "B1_glaive")], {"PATH": VENV_BIN}, sglang_deployed=False) == []
     config["evaluate"]["python"] = sys.executable
     assert problems(config, jobs, {"PATH": VENV_BIN}, sglang_deployed=False) == []
+    # training on a GPU with this venv's CPU torch, or with envs/specforge.yaml's under --sdm conda
+    config["evaluate"]["device"] = "cuda"
+    (cpu_torch,) = problems(config, jobs, {"PATH": VENV_BIN}, sglang_deployed=False)
+    assert cpu_torch.startswith(f"evaluate.device is cuda, and the torch of evaluate.python {sys.executable} is not")
+    assert "set evaluate.device: cpu" in cpu_torch
+    (conda,) = problems(config, jobs, {"PATH": VENV_BIN}, sglang_deployed=True)
+    assert conda.startswith("evaluate.device is cuda, and --sdm conda runs the evaluate jobs in envs/specforge.yaml")
+    config["evaluate"]["device"] = "cpu"
     assert evaluate_problems(config) == []
     config["evaluate"]["speculative"]["topk"] = 4
     (topk,) = evaluate_problems(config)

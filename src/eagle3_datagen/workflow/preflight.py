@@ -29,6 +29,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Written by scripts/plan.py; read for the disk check.
 PLAN_FILE = "results/plan.json"
 SGLANG_IMPORTABLE = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
+# A CPU build of torch can never train on a GPU, whichever node the job lands on (the submit host may
+# have no GPU: whether one is visible here says nothing).
+TORCH_BUILT_FOR_CUDA = "import sys, torch; sys.exit(torch.version.cuda is None)"
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,8 @@ def problems(
 
     `sglang_deployed`: a deployment method of the run (`--sdm conda`) brings SGLang to the jobs that
     use it (their env is envs/sglang.yaml), and SpecForge to the evaluate jobs (envs/specforge.yaml); else
-    the job's own `python` must import SGLang and evaluate.python must exist.
+    the job's own `python` must import SGLang and evaluate.python must exist; evaluate.device: cuda
+    needs a CUDA build of torch in whichever runs the evaluate jobs.
     """
     jobs = list(jobs)
     found = []
@@ -85,7 +89,7 @@ def problems(
         found += _model_problems(config["model"]["path"])
     if not sglang_deployed:
         found += _sglang_problems(config, jobs, environ)
-        found += _specforge_problems(config, jobs, environ)
+    found += _specforge_problems(config, jobs, environ, sglang_deployed)
     found += _disk_problems(jobs, Path(results), Path(plan_file))
     return found
 
@@ -135,7 +139,7 @@ def _sglang_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) 
     if any(j.rule == "responses_sglang_server" for j in jobs):
         command = launch.get("command") or ["python"]
         python = _interpreter(command[0], environ)
-        if python and not _imports_sglang(python, environ):
+        if python and not _runs(python, SGLANG_IMPORTABLE, environ):
             found.append(
                 f"SGLang is not importable by {python}, which inference.sglang.launch runs "
                 "(sglang.launch_server): run with --sdm conda (envs/sglang.yaml), install SGLang there, or set "
@@ -144,7 +148,7 @@ def _sglang_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) 
             )
     if config["hidden_states"]["backend"] == "sglang" and any(j.rule == "hidden_states" for j in jobs):
         python = _interpreter("torchrun", environ)
-        if python and not _imports_sglang(python, environ):
+        if python and not _runs(python, SGLANG_IMPORTABLE, environ):
             found.append(
                 f"SGLang is not importable by {python}, which runs torchrun for hidden_states.backend: sglang: "
                 "run with --sdm conda (envs/sglang.yaml), or put a torchrun that has SGLang first on PATH "
@@ -153,16 +157,32 @@ def _sglang_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) 
     return found
 
 
-def _specforge_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) -> list[str]:
-    """The evaluate jobs run scripts/evaluate.py with evaluate.python (without --sdm conda)."""
+def _specforge_problems(config: dict, jobs: list[Job], environ: Mapping[str, str], deployed: bool) -> list[str]:
+    """The evaluate jobs run scripts/evaluate.py with evaluate.python, or envs/specforge.yaml's under
+    `--sdm conda` (`deployed`), which installs the CPU torch; evaluate.device: cuda needs a CUDA one."""
     if not any(j.rule in ("evaluate", "evaluate_all") for j in jobs):
         return []
     python = config["evaluate"]["python"]
+    on_gpu = config["evaluate"]["device"] == "cuda"
+    if deployed:
+        if on_gpu:
+            return [
+                "evaluate.device is cuda, and --sdm conda runs the evaluate jobs in envs/specforge.yaml, whose "
+                "torch is the CPU build: set evaluate.device: cpu, or run without --sdm conda with evaluate.python "
+                "a Python that has SpecForge 0.2.0 and its CUDA torch 2.11.0"
+            ]
+        return []
     if shutil.which(python, path=environ.get("PATH")) is None:
         return [
             f"evaluate.python {python} is not an interpreter here, and the evaluate jobs run SpecForge 0.2.0 "
             "with it: run `make specforge-env` (.venv-specforge, the default), set evaluate.python to a Python "
             "that has SpecForge 0.2.0, or run with --sdm conda (envs/specforge.yaml)"
+        ]
+    if on_gpu and not _runs(python, TORCH_BUILT_FOR_CUDA, environ):
+        return [
+            f"evaluate.device is cuda, and the torch of evaluate.python {python} is not a CUDA build "
+            "(`make specforge-env` installs the CPU one): set evaluate.device: cpu, or evaluate.python to a Python "
+            "that has SpecForge 0.2.0 and its CUDA torch 2.11.0"
         ]
     return []
 
@@ -182,9 +202,10 @@ def _interpreter(program: str, environ: Mapping[str, str]) -> str | None:
     return shebang[0] if shebang and Path(shebang[0]).name.startswith("python") else None
 
 
-def _imports_sglang(python: str, environ: Mapping[str, str]) -> bool:
+def _runs(python: str, code: str, environ: Mapping[str, str]) -> bool:
+    """Whether `python -c code` exits 0 in the jobs' environment."""
     try:
-        return subprocess.run([python, "-c", SGLANG_IMPORTABLE], env=dict(environ), timeout=60).returncode == 0
+        return subprocess.run([python, "-c", code], env=dict(environ), timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
