@@ -40,7 +40,7 @@ def main() -> None:
         settings = fill_defaults(
             {
                 "dtype": "float32",
-                "mem_fraction_static": 0.05,
+                "mem_fraction_static": 0.5,  # the cache is capped below; see tests/real_sglang/conftest.py
                 "server_args": {"max_total_tokens": 4 * args.max_batch_tokens},
             },
             "hidden_states.sglang",

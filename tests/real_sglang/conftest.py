@@ -31,9 +31,13 @@ try:
 except ImportError as error:  # run by plain `pytest` in the main venv: say how to run it
     raise ImportError("tests/real_sglang runs under .venv-sglang: use `make test` (or `make sglang-env`)") from error
 
+# On the CPU, SGLang sizes its KV cache from the machine's free memory, measured before and after the
+# weights load: at a static fraction of 0.05, another process taking 5% of free memory meanwhile fails
+# the start ("Loaded weights leave no GPU memory"). max_total_tokens caps the cache at what the tests need.
+CPU_MEM_FRACTION_STATIC = 0.5
 # Small enough for a CI core, large enough that the KV cache holds every test batch.
 CPU_CAPTURE_SETTINGS = fill_defaults(
-    {"dtype": "float32", "mem_fraction_static": 0.05, "server_args": {"max_total_tokens": 4096}}, "hidden_states.sglang"
+    {"dtype": "float32", "mem_fraction_static": CPU_MEM_FRACTION_STATIC, "server_args": {"max_total_tokens": 4096}}, "hidden_states.sglang"
 )
 MAX_BATCH_TOKENS = 64
 
@@ -102,7 +106,7 @@ def qwen_runner(tiny_model_dir):
 CPU_LAUNCH_ARGS = [
     "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
     "--grammar-backend", "none", "--cuda-graph-backend-decode", "disabled",
-    "--cuda-graph-backend-prefill", "disabled", "--mem-fraction-static", "0.05",
+    "--cuda-graph-backend-prefill", "disabled", "--mem-fraction-static", str(CPU_MEM_FRACTION_STATIC),
     "--max-total-tokens", "4096", "--dtype", "float32", "--disable-radix-cache",
 ]  # fmt: skip
 

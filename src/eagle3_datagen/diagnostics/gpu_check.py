@@ -198,11 +198,9 @@ def run_gpu_check(
         model_dir = ranks.agree(str(write_check_model(Path(work_dir) / "check-model")) if ranks.writer else None)
     settings = {"dtype": dtype, "mem_fraction_static": 0.5}
     if device == "cpu":
-        settings = {
-            "dtype": dtype,
-            "mem_fraction_static": 0.05,
-            "server_args": {"max_total_tokens": 4 * max_batch_tokens},
-        }
+        # The KV cache is capped by max_total_tokens: the fraction only has to leave SGLang's check of the
+        # free memory room for other processes (0.05 failed the start when they took 5% meanwhile).
+        settings["server_args"] = {"max_total_tokens": 4 * max_batch_tokens}
     settings = fill_defaults(settings, "hidden_states.sglang")
     flags = server_flags(model_dir, settings, False, max_batch_tokens, dist.get_world_size())
     runner = SGLangModelRunner([*flags, *(CPU_SERVER_FLAGS if device == "cpu" else ())], rank=rank, gpu_id=local_rank)
