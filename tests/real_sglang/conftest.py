@@ -37,7 +37,8 @@ except ImportError as error:  # run by plain `pytest` in the main venv: say how 
 CPU_MEM_FRACTION_STATIC = 0.5
 # Small enough for a CI core, large enough that the KV cache holds every test batch.
 CPU_CAPTURE_SETTINGS = fill_defaults(
-    {"dtype": "float32", "mem_fraction_static": CPU_MEM_FRACTION_STATIC, "server_args": {"max_total_tokens": 4096}}, "hidden_states.sglang"
+    {"dtype": "float32", "mem_fraction_static": CPU_MEM_FRACTION_STATIC, "server_args": {"max_total_tokens": 4096}},
+    "hidden_states.sglang",
 )
 MAX_BATCH_TOKENS = 64
 
