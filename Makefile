@@ -72,8 +72,10 @@ test-fast: install ## every tier but e2e, SLURM, SGLang and trainers (under 5 mi
 
 # Two runs side by side: the main suite (one pytest process, many single-threaded tests) leaves one of
 # the two cores idle for much of its time, which the SGLang and trainer tiers take. Each run has a temp
-# directory of its own (the node services' directories: one model process per node each); the SLURM
-# test cluster is taken by one run at a time (tests/slurm). Each run's output is printed when it ends.
+# directory of its own (the node services' directories: one model process per node each). The SLURM
+# test cluster is taken by one run at a time (tests/slurm): the main suite's SLURM files run first, the
+# SGLang tier's last and after the trainers', so that neither run waits for it. Each run's output is
+# printed when it ends.
 # With more torch threads than cores, OpenMP's idle threads sleep instead of spinning (results unchanged).
 # The venvs each run needs are its prerequisites, so that the two jobs of -j2 build them side by side.
 TEST_TMP := $(or $(TMPDIR),/tmp)/eagle3-datagen-make-test
@@ -87,16 +89,16 @@ MAIN_BESIDE := tests/test_tiny_kimi.py
 # The demo (tests' demo_dir) trains its evaluate drafts with SpecForge.
 test-main: install specforge-env ## the main suite, but for MAIN_BESIDE (part of make test)
 	mkdir -p $(TEST_TMP)/main
-	TMPDIR=$(TEST_TMP)/main pytest -q --durations=25 $(addprefix --ignore=,$(MAIN_BESIDE))
+	TMPDIR=$(TEST_TMP)/main pytest -q --durations=25 --slurm-first $(addprefix --ignore=,$(MAIN_BESIDE))
 
 # Each trainer's and SGLang's tests run under their own venv, with their releases' own pins.
 RUN_APART := -m pytest -q -o addopts=-ra --durations=25
 test-apart: install sglang-env speculators-env specforge-env ## the SGLang and trainer tiers in their venvs, then MAIN_BESIDE (part of make test)
 	mkdir -p $(TEST_TMP)/apart
-	TMPDIR=$(TEST_TMP)/apart $(SGLANG_VENV)/bin/python $(RUN_APART) tests/real_sglang
 	TMPDIR=$(TEST_TMP)/apart $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
 	TMPDIR=$(TEST_TMP)/apart $(SPECFORGE_VENV)/bin/python $(RUN_APART) tests/trainers/test_specforge.py \
 		tests/trainers/test_evaluate.py
+	TMPDIR=$(TEST_TMP)/apart $(SGLANG_VENV)/bin/python $(RUN_APART) tests/real_sglang
 	TMPDIR=$(TEST_TMP)/apart pytest -q --durations=25 $(MAIN_BESIDE)
 
 lint: install ## ruff, snakefmt and snakemake --lint

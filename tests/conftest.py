@@ -103,11 +103,21 @@ def scheduled(output: str) -> list[tuple[str, str]]:
 E2E_FIXTURES = {"demo_dir", "production_dir", "tiny_kimi_dir", "tiny_kimi_responses"}
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--slurm-first",
+        action="store_true",
+        help="run the files whose tests take the SLURM test cluster first (`make test`: the other run takes the "
+        "machine's one cluster later, so neither waits for it)",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
     """Each file says its tier in one line (`pytestmark = pytest.mark.e2e`); the folders tests/real_sglang
     and tests/trainers are tiers of their own. A test that takes an end-to-end fixture in a file not
     marked e2e stops the collection, naming the file and the fix, so that it never lands in the fast tier.
-    The SLURM test cluster's users are marked `slurm` by the fixture they take."""
+    The SLURM test cluster's users are marked `slurm` by the fixture they take; with --slurm-first, their
+    files run first, each file's tests in their order."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if fixtures & E2E_FIXTURES and not item.get_closest_marker("e2e"):
@@ -120,6 +130,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slurm)
         if "real_sglang" in item.path.parts:
             item.add_marker(pytest.mark.sglang)
+    if config.getoption("slurm_first"):
+        on_cluster = {item.path for item in items if item.get_closest_marker("slurm")}
+        items.sort(key=lambda item: item.path not in on_cluster)
 
 
 @pytest.fixture(scope="session")

@@ -274,7 +274,7 @@ def test_a_stopped_slurm_job_ends_its_runner_and_the_rerun_equals_an_uninterrupt
                 os.killpg(run.pid, signal.SIGKILL)
             run.wait()
     steps = sacct_jobs(job, steps=True)
-    # slurmctld checks time limits every 30 s; then KillWait (30 s) before SIGKILL
+    # slurmctld checks time limits every 30 s; then KillWait (10 s: tests/slurm/cluster.sh) before SIGKILL
     assert runner_gone_s < (90 if stop == "time-limit" else 30)
     # scancel and the time limit fail the job (the main run too); a requeued job runs again and completes.
     assert ("REQUEUED" in states and run.returncode == 0) if stop == "requeue" else run.returncode != 0

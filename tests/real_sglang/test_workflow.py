@@ -209,6 +209,70 @@ def test_hidden_states_are_sglang_captures_equal_to_transformers(sglang_run):
     assert (sglang_run / "results/report/summary.html").stat().st_size > 0
 
 
+def fingerprints(work: Path, partitions: dict) -> dict[str, tuple[int, int]]:
+    """(mtime ns, size) of every finished responses, hidden-state and log file of `partitions`."""
+    paths = [
+        path
+        for partition in partitions
+        for pattern in ("results/{p}/responses/*", "results/{p}/hidden/*/index.json", "logs/{p}/responses/*")
+        for path in work.glob(pattern.format(p=partition))
+    ]
+    return {str(p.relative_to(work)): (p.stat().st_mtime_ns, p.stat().st_size) for p in paths}
+
+
+def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run):
+    """After the 2 x 3 run: a third partition is generated alone, by one more server start, and a
+    run killed with -9 after its first shard keeps that shard when rerun."""
+    work = sglang_run
+    finished = fingerprints(work, PARTITIONS)
+    (work / "added.yaml").write_text(yaml.safe_dump(run_config({**PARTITIONS, **ADDED})))
+    dry = snakemake_run(work, "added.yaml", "-n").stdout
+    jobs = [(b.split(":", 1)[0].strip(), b) for b in dry.split("\nrule ")[1:]]
+    responses = [b for rule, b in jobs if rule == "responses_sglang_server"]
+    assert len(responses) == 2 and all("partition=demo_openai" in b for b in responses)
+    assert not any(f"partition={p}" in b for _, b in jobs for p in PARTITIONS)
+
+    first = work / "results/demo_openai/responses/00000.jsonl.zst"
+    # finished as Snakemake counts it: its record written after the job exited (an output file alone
+    # can be a job still in flight, which a rerun regenerates)
+    recorded = work / ".snakemake/metadata" / base64.urlsafe_b64encode(str(first.relative_to(work)).encode()).decode()
+    run = subprocess.Popen(
+        [str(MAIN_VENV_BIN / "snakemake"), *SNAKEMAKE, "added.yaml"],
+        cwd=work,
+        env=snakemake_env(work),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    wait_until(lambda: recorded.exists() or run.poll() is not None, timeout=900, interval=0.2)
+    assert recorded.exists(), "the first shard of the added partition never finished"
+    os.killpg(run.pid, signal.SIGKILL)  # Snakemake and its jobs; the server's supervisor is its own session
+    run.wait()
+    kept = fingerprints(work, ADDED)
+    snakemake_run(work, "added.yaml", "--unlock")
+    snakemake_run(work, "added.yaml")
+
+    after = fingerprints(work, {**PARTITIONS, **ADDED})
+    assert {k: after[k] for k in finished} == finished  # no finished shard of the first run touched
+    shard0 = [k for k in kept if "/00000" in k]
+    assert shard0 and {k: after[k] for k in shard0} == {k: kept[k] for k in shard0}
+    server_log = (work / "logs/sglang_server/server.log").read_text()
+    # one start for the first run, one for the added partition: the rerun after the kill used the
+    # server that outlived it
+    assert server_log.count(SERVER_STARTED) == 2
+    # the added partition's shards, and only those, captured by one more runner
+    runner_log = (work / "logs/capture_runner/runner.log").read_text()
+    assert runner_log.count(RUNNER_STARTED) == 2
+    later = runner_log.split(RUNNER_STARTED)[2]
+    assert sorted(line.split(" into ")[1].split("/results/")[1].split(" ")[0] for line in later.splitlines()
+                  if "capturing " in line) == ["demo_openai/hidden/00000", "demo_openai/hidden/00001"]  # fmt: skip
+    rows_added = [r for s in range(2) for r in read_jsonl(work / f"results/demo_openai/responses/{s:05d}.jsonl.zst")]
+    prompts_added = [r for s in range(2) for r in read_jsonl(work / f"results/demo_openai/prompts/{s:05d}.jsonl.zst")]
+    assert [r["id"] for r in rows_added] == [p["id"] for p in prompts_added]
+
+
+# The SLURM tests last: the machine's one test cluster (tests/slurm) is held from the first test that
+# asks for it to the module's end, and `make test`'s other run waits for it meanwhile.
 @pytest.fixture(scope="module")
 def slurm_run(sglang_run, slurm_cluster, tmp_path_factory):
     """The same 2 x 3 run under `--profile slurm` on the test cluster (tests/slurm), from the same model:
@@ -274,65 +338,3 @@ def test_under_slurm_the_outputs_equal_the_local_runs(slurm_run, sglang_run):
                 assert (work / hidden / part).read_bytes() == (sglang_run / hidden / part).read_bytes(), hidden / part
             index = [json.loads((d / hidden / "index.json").read_text()) for d in (work, sglang_run)]
             assert without_timings(index[0]) == without_timings(index[1])
-
-
-def fingerprints(work: Path, partitions: dict) -> dict[str, tuple[int, int]]:
-    """(mtime ns, size) of every finished responses, hidden-state and log file of `partitions`."""
-    paths = [
-        path
-        for partition in partitions
-        for pattern in ("results/{p}/responses/*", "results/{p}/hidden/*/index.json", "logs/{p}/responses/*")
-        for path in work.glob(pattern.format(p=partition))
-    ]
-    return {str(p.relative_to(work)): (p.stat().st_mtime_ns, p.stat().st_size) for p in paths}
-
-
-def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run):
-    """After the 2 x 3 run: a third partition is generated alone, by one more server start, and a
-    run killed with -9 after its first shard keeps that shard when rerun."""
-    work = sglang_run
-    finished = fingerprints(work, PARTITIONS)
-    (work / "added.yaml").write_text(yaml.safe_dump(run_config({**PARTITIONS, **ADDED})))
-    dry = snakemake_run(work, "added.yaml", "-n").stdout
-    jobs = [(b.split(":", 1)[0].strip(), b) for b in dry.split("\nrule ")[1:]]
-    responses = [b for rule, b in jobs if rule == "responses_sglang_server"]
-    assert len(responses) == 2 and all("partition=demo_openai" in b for b in responses)
-    assert not any(f"partition={p}" in b for _, b in jobs for p in PARTITIONS)
-
-    first = work / "results/demo_openai/responses/00000.jsonl.zst"
-    # finished as Snakemake counts it: its record written after the job exited (an output file alone
-    # can be a job still in flight, which a rerun regenerates)
-    recorded = work / ".snakemake/metadata" / base64.urlsafe_b64encode(str(first.relative_to(work)).encode()).decode()
-    run = subprocess.Popen(
-        [str(MAIN_VENV_BIN / "snakemake"), *SNAKEMAKE, "added.yaml"],
-        cwd=work,
-        env=snakemake_env(work),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    wait_until(lambda: recorded.exists() or run.poll() is not None, timeout=900, interval=0.2)
-    assert recorded.exists(), "the first shard of the added partition never finished"
-    os.killpg(run.pid, signal.SIGKILL)  # Snakemake and its jobs; the server's supervisor is its own session
-    run.wait()
-    kept = fingerprints(work, ADDED)
-    snakemake_run(work, "added.yaml", "--unlock")
-    snakemake_run(work, "added.yaml")
-
-    after = fingerprints(work, {**PARTITIONS, **ADDED})
-    assert {k: after[k] for k in finished} == finished  # no finished shard of the first run touched
-    shard0 = [k for k in kept if "/00000" in k]
-    assert shard0 and {k: after[k] for k in shard0} == {k: kept[k] for k in shard0}
-    server_log = (work / "logs/sglang_server/server.log").read_text()
-    # one start for the first run, one for the added partition: the rerun after the kill used the
-    # server that outlived it
-    assert server_log.count(SERVER_STARTED) == 2
-    # the added partition's shards, and only those, captured by one more runner
-    runner_log = (work / "logs/capture_runner/runner.log").read_text()
-    assert runner_log.count(RUNNER_STARTED) == 2
-    later = runner_log.split(RUNNER_STARTED)[2]
-    assert sorted(line.split(" into ")[1].split("/results/")[1].split(" ")[0] for line in later.splitlines()
-                  if "capturing " in line) == ["demo_openai/hidden/00000", "demo_openai/hidden/00001"]  # fmt: skip
-    rows_added = [r for s in range(2) for r in read_jsonl(work / f"results/demo_openai/responses/{s:05d}.jsonl.zst")]
-    prompts_added = [r for s in range(2) for r in read_jsonl(work / f"results/demo_openai/prompts/{s:05d}.jsonl.zst")]
-    assert [r["id"] for r in rows_added] == [p["id"] for p in prompts_added]

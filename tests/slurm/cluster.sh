@@ -106,6 +106,9 @@ ReturnToService=2
 # A requeued job waits one credential lifetime before it may start again (cred_expire, 120 s by default:
 # slurm.conf(5)); 30 s is still ample for a step launch on this node.
 AuthInfo=cred_expire=30
+# A job past its time limit, or cancelled, gets SIGKILL this long after SIGTERM (30 s by default): the
+# stopped-run tests wait it out for a runner that ignores SIGTERM.
+KillWait=10
 SlurmctldTimeout=30
 SlurmdTimeout=30
 NodeName=$NODE CPUs=$cpus RealMemory=$mem_mb Gres=gpu:8 State=UNKNOWN
