@@ -1,6 +1,7 @@
 """Exporters and the vocabulary mapping, read back as SpecForge and vLLM speculators read them."""
 
 import json
+import shutil
 import struct
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from eagle3_datagen.formats.files import write_jsonl_zst
 from eagle3_datagen.formats.hidden_codec import COMPRESS, FP8_DTYPES, GRANULARITIES, frame_header_json
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.formats.holdout import choose_holdout, read_holdout, write_holdout
+from eagle3_datagen.stages.evaluate.draft import train_config
 from eagle3_datagen.stages.export import FORMATS, export
 from eagle3_datagen.stages.export.specforge import specforge_sample_path
 from eagle3_datagen.stages.hidden.shard import capture_shard
@@ -105,6 +107,31 @@ def test_specforge_export_norms_raw_final_states_and_carries_its_config(tmp_path
     readme = (tmp_path / "sf" / "README.md").read_text()
     assert f"specforge train --config {(tmp_path / 'sf').resolve()}/specforge.yaml" in readme
     assert "has no `*.index.json`" in readme  # the tiny model is one model.safetensors
+
+
+def test_a_copied_work_directorys_export_trains_on_the_copys_files(tmp_path, tiny_model_dir):
+    """The evaluate stage reads an export's `specforge.yaml` where the export now is: in a copy of the work
+    directory, its samples, draft config and draft vocabulary are the copy's; the target, outside the
+    work directory, stays where it was written."""
+    work = tmp_path / "wf"
+    capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32", "device": "cpu"})
+    capture_shard(make_samples(3, seed=6), work / "results/p/hidden/00000", capture, SETTINGS)
+    run_vocab_from_samples(work / "results", tiny_model_dir)
+    sf = Path("results/p/export/specforge")
+    export([work / "results/p/hidden/00000"], work / sf, "specforge", model_path=tiny_model_dir,
+           vocab_dir=work / "results/vocab", draft_vocab_size=8)  # fmt: skip
+    written = yaml.safe_load((work / sf / "specforge.yaml").read_text())
+    assert train_config(work / sf) == written  # where it was written: as written
+
+    copy = shutil.copytree(work, tmp_path / "elsewhere" / "wf").resolve()
+    config = train_config(copy / sf)
+    assert config["data"]["hidden_states_path"] == str(copy / sf)
+    assert config["model"] == {
+        **written["model"],
+        "draft_model_config": str(copy / sf / "draft_config.json"),
+        "vocab_mapping_path": str(copy / "results/vocab/vocab_mapping.pt"),
+    }
+    assert config["model"]["target_model_path"] == str(tiny_model_dir)
 
 
 def run_vocab_from_samples(tmp_path, model_dir):

@@ -57,6 +57,33 @@ def specforge_on_cpu() -> None:
     loss.LogSoftmaxLoss.apply = staticmethod(reference)
 
 
+# The files of an export's `specforge.yaml` that live outside it or beside it (its `model` section).
+MODEL_PATHS = ("target_model_path", "draft_model_config", "vocab_mapping_path")
+
+
+def train_config(export_dir: Path) -> dict:
+    """The export's `specforge.yaml` with its paths where they are now. The export job writes them absolute,
+    inside the work directory it ran in: in a copied or moved work directory those are re-rooted under it,
+    so that a draft trains on the samples beside its config (a path outside, such as a production
+    checkpoint's, stays as written)."""
+    export_dir = export_dir.resolve()
+    config = yaml.safe_load((export_dir / "specforge.yaml").read_text())
+    written = Path(config["data"]["hidden_states_path"])  # the export's own directory when it was written
+    common = 0  # the trailing path parts that the export's old and new directories share
+    while common < min(len(written.parts), len(export_dir.parts)) - 1 and (
+        written.parts[-1 - common] == export_dir.parts[-1 - common]
+    ):
+        common += 1
+    old_root, new_root = written.parents[common - 1], export_dir.parents[common - 1]
+
+    def now(path: str) -> str:
+        return str(new_root / Path(path).relative_to(old_root)) if Path(path).is_relative_to(old_root) else path
+
+    config["model"] = {key: now(value) if key in MODEL_PATHS else value for key, value in config["model"].items()}
+    config["data"]["hidden_states_path"] = str(export_dir)
+    return config
+
+
 def train_draft(export_dir: Path, out_dir: Path, settings: dict, log: TextIO, data_dir: Path | None = None) -> Path:
     """`specforge train` on the export's own `specforge.yaml` (its samples, or those under `data_dir`) for
     `settings` (the `evaluate` section: steps, seed, batch_size, learning_rate, ttt_length, device) at a fixed
@@ -66,7 +93,10 @@ def train_draft(export_dir: Path, out_dir: Path, settings: dict, log: TextIO, da
     export_dir, out_dir = export_dir.resolve(), out_dir.resolve()
     data_dir = data_dir.resolve() if data_dir is not None else None
     steps = settings["steps"]
+    config = train_config(export_dir)
     train = [str(Path(sys.executable).parent / "specforge"), "train", "--config", str(export_dir / "specforge.yaml")]
+    train += [f"model.{key}={path}" for key, path in config["model"].items() if key in MODEL_PATHS]
+    train.append(f"data.hidden_states_path={data_dir or config['data']['hidden_states_path']}")
     on_cpu = settings["device"] == "cpu"
     train += CPU_OVERRIDES if on_cpu else gpu_overrides(export_dir)
     train += [f"training.max_steps={steps}", f"training.num_epochs={steps}"]
@@ -75,8 +105,6 @@ def train_draft(export_dir: Path, out_dir: Path, settings: dict, log: TextIO, da
     train += ["training.lr_scheduler=constant", f"training.ttt_length={settings['ttt_length']}"]
     train += [f"training.seed={settings['seed']}", f"training.save_interval={steps}", "training.log_interval=1"]
     train += [f"output_dir={out_dir / 'run'}", f"data.cache_dir={out_dir / 'cache'}"]
-    if data_dir is not None:
-        train.append(f"data.hidden_states_path={data_dir}")
     out_dir.mkdir(parents=True, exist_ok=True)
     log.write(" ".join(train) + "\n")
     log.flush()
@@ -95,7 +123,7 @@ def load_draft(run_dir: Path, export_dir: Path):
     buffers) uninitialised."""
     from specforge.export.checkpoint_io import materialize_draft, resolve_training_state
 
-    model = yaml.safe_load((export_dir / "specforge.yaml").read_text())["model"]
+    model = train_config(export_dir)["model"]
     draft = materialize_draft(
         resolve_training_state(str(run_dir)),
         model["draft_model_config"],

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import TextIO
 
 import torch
-import yaml
 from transformers import AutoModelForCausalLM
 
 from eagle3_datagen.formats.files import InputError
 from eagle3_datagen.stages.evaluate.draft import (
     load_draft,
     specforge_on_cpu,
+    train_config,
     train_draft,
     trainer_estimate,
     training_forward,
@@ -108,7 +108,7 @@ def evaluate_partition(
     run = train_draft(export_dir, work_dir, settings, log, training_data(exports, work_dir))
     draft = load_draft(run, export_dir)
     aux_layers = json.loads((export_dir / "export.json").read_text())["aux_layers"]
-    target_path = yaml.safe_load((export_dir / "specforge.yaml").read_text())["model"]["target_model_path"]
+    target_path = train_config(export_dir)["model"]["target_model_path"]
     target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
     eos = target.generation_config.eos_token_id
     stop_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
