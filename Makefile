@@ -83,9 +83,9 @@ test: slurm-packages install ## every test tier, as CI does
 	OMP_WAIT_POLICY=PASSIVE $(MAKE) --no-print-directory -j2 --output-sync=target test-main test-apart
 
 # Main-suite files that run in the second run, after the SGLang and trainer tiers, so that the two runs
-# end together (the main suite alone ran about 6 minutes longer; the tiny Kimi workflow, fixtures of its
-# own, is about 3 of them).
-MAIN_BESIDE := tests/test_tiny_kimi.py
+# end together: files that need no fixture of the main suite's (the demo run), the tiny Kimi workflow
+# (about 4 minutes) the largest.
+MAIN_BESIDE := tests/test_tiny_kimi.py tests/test_plan_first_run.py tests/test_bench.py
 # The demo (tests' demo_dir) trains its evaluate drafts with SpecForge.
 test-main: install specforge-env ## the main suite, but for MAIN_BESIDE (part of make test)
 	mkdir -p $(TEST_TMP)/main

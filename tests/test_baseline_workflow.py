@@ -1,5 +1,6 @@
 """A baseline twin (`evaluate.baseline: original`) run end to end on the finished demo: demo_alpaca's prompts
-answered by the dataset's own turns, through tokens and hidden states to the SpecForge export."""
+answered by the dataset's own turns, through tokens and hidden states to the SpecForge export, and
+demo_alpaca's draft measured beside the same draft trained on it."""
 
 import json
 import shutil
@@ -19,7 +20,8 @@ DEMO = yaml.safe_load((REPO / "config.yaml").read_text())
 def test_a_twin_runs_from_the_demos_prompts_to_its_specforge_export(demo_dir, tmp_path):
     """The finished demo (copied, so its other tests see it as it was; the shared run leaves the baseline
     out) with the demo's shipped config, baseline on: demo_alpaca's twin runs its four jobs on the dataset's
-    own answers; then only the drafts rerun, beside their baselines."""
+    own answers; then only the drafts rerun, beside their baselines: demo_alpaca's is measured against its
+    twin's on the same held-out prompts."""
     work = tmp_path / "wf"
     shutil.copytree(demo_dir, work, symlinks=True)
     assert DEMO["evaluate"]["baseline"] == "original"
@@ -69,3 +71,15 @@ def test_a_twin_runs_from_the_demos_prompts_to_its_specforge_export(demo_dir, tm
     jobs = scheduled(snakemake(["-n", *args], work).stdout)
     assert {(r, p) for r, p in jobs if p and "+" not in p} == {("evaluate", p) for p in DEMO["partitions"]}
     assert "demo_alpaca+original" not in {p for _, p in jobs}
+
+    snakemake(["results/demo_alpaca/evaluate/acceptance.json", *args], work)
+    figures = json.loads((work / "results/demo_alpaca/evaluate/acceptance.json").read_text())
+    assert figures["prompts"] == theirs_export["held_out"] and 1.0 <= figures["acceptance_length"] <= 4.0
+    baseline = figures["baseline"]
+    assert baseline["exports"] == [export] and baseline["prompts"] == figures["prompts"]
+    assert 1.0 <= baseline["acceptance_length"] <= 4.0
+    assert baseline["draft_acceptance_length"] == figures["acceptance_length"]
+    assert baseline["difference"] == pytest.approx(figures["acceptance_length"] - baseline["acceptance_length"])
+    low, high = baseline["difference_interval_95"]
+    assert -3.0 <= low <= baseline["difference"] <= high <= 3.0  # the paired bootstrap's interval
+    assert [p["id"] for p in baseline["per_prompt"]] == [p["id"] for p in figures["per_prompt"]]

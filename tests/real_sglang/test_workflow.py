@@ -31,7 +31,8 @@ from ..conftest import REPO, copy_workflow, wait_until
 from ..slurm import NODE_SIZED, SLURM_ARGS, sacct_jobs, without_timings
 from .conftest import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS, SGLANG_CPU_ENV
 
-PARTITIONS = {"demo_sharegpt": 3, "demo_alpaca": 3}
+PARTITIONS = {"demo_sharegpt": 2, "demo_alpaca": 2}
+SHARDS = sum(PARTITIONS.values())
 ADDED = {"demo_openai": 2}
 SERVER_STARTED = "starting the SGLang server"
 RUNNER_STARTED = "starting the capture runner"
@@ -137,7 +138,7 @@ def test_one_server_answered_every_partition_with_greedy_ids(sglang_run):
     tokenizer = load_tokenizer(model_dir)
     template_kwargs = {"enable_thinking": False}
     server_log = (sglang_run / "logs/sglang_server/server.log").read_text()
-    # 6 shard jobs, one server: started once, and stopped for the first capture job (the node's GPUs)
+    # 4 shard jobs, one server: started once, and stopped for the first capture job (the node's GPUs)
     assert server_log.count(SERVER_STARTED) == 1 and server_log.count("The server is fired up") == 1
     assert server_log.count("no job uses the SGLang server; stopping it") == 1
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -168,7 +169,7 @@ def test_tokens_are_the_server_ids_never_a_semantic_mismatch(sglang_run):
 
 
 def test_one_capture_runner_loaded_once_captured_every_shard(sglang_run):
-    """6 hidden-state jobs, one runner: SGLang's model runner under torchrun, loaded once, its ranks kept
+    """4 hidden-state jobs, one runner: SGLang's model runner under torchrun, loaded once, its ranks kept
     alive from shard to shard; started after the generation server stopped, stopped at the run's end."""
     runner_log = (sglang_run / "logs/capture_runner/runner.log").read_text()
     assert runner_log.count(RUNNER_STARTED) == 1 and runner_log.count("capture runner ready after") == 1
@@ -221,7 +222,7 @@ def fingerprints(work: Path, partitions: dict) -> dict[str, tuple[int, int]]:
 
 
 def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run):
-    """After the 2 x 3 run: a third partition is generated alone, by one more server start, and a
+    """After the 2 x 2 run: a third partition is generated alone, by one more server start, and a
     run killed with -9 after its first shard keeps that shard when rerun."""
     work = sglang_run
     finished = fingerprints(work, PARTITIONS)
@@ -275,7 +276,7 @@ def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run
 # asks for it to the module's end, and `make test`'s other run waits for it meanwhile.
 @pytest.fixture(scope="module")
 def slurm_run(sglang_run, slurm_cluster, tmp_path_factory):
-    """The same 2 x 3 run under `--profile slurm` on the test cluster (tests/slurm), from the same model:
+    """The same 2 x 2 run under `--profile slurm` on the test cluster (tests/slurm), from the same model:
     (work directory, the run's SLURM jobs)."""
     work = sglang_workflow(tmp_path_factory.mktemp("sglang-slurm"))
     # The same model and prompts: what SLURM runs differently are the GPU stages (tests/test_slurm.py runs
@@ -293,13 +294,13 @@ def slurm_run(sglang_run, slurm_cluster, tmp_path_factory):
 
 
 def test_under_slurm_each_model_loads_once_per_allocation_in_a_step_of_its_own(slurm_run):
-    """The 6 shard jobs of each GPU stage are one group job (the slurm profile): one allocation on the
+    """The 4 shard jobs of each GPU stage are one group job (the slurm profile): one allocation on the
     gpu partition, whose jobs run one after another in its batch step (jobs that launch their own
     processes, one per GPU), beside the server's (or the runner's) own job step, which outlives each."""
     work, jobs = slurm_run
     assert all(job["state"] == "COMPLETED" for job in jobs), jobs
     ran = sorted(job["comment"].split("_wildcards")[0] for job in jobs)
-    assert ran == ["rule_capture_hidden_states", "rule_generation_responses_sglang_server", *["rule_tokens"] * 6]
+    assert ran == ["rule_capture_hidden_states", "rule_generation_responses_sglang_server", *["rule_tokens"] * SHARDS]
     groups = {job["comment"]: job for job in jobs if job["partition"] == "gpu"}
     assert sorted(groups) == ["rule_capture_hidden_states", "rule_generation_responses_sglang_server"], jobs
     for comment, name, log in [
