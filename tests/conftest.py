@@ -135,15 +135,22 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: item.path not in on_cluster)
 
 
+def leave_out_baseline(config_file: Path) -> None:
+    """Rewrite a shipped config (copied into a test's workflow) with `evaluate.baseline: none`: the twins it
+    ships on double the evaluate jobs of a run that does not look at them."""
+    config = yaml.safe_load(config_file.read_text())
+    assert config["evaluate"]["baseline"] == "original"
+    config["evaluate"]["baseline"] = "none"
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory) -> Path:
     """The embedded demo, run once with the README's own command in a copy of the workflow, without the
     baseline the demo ships on (evaluate.baseline: its twins' jobs and trainings would double the evaluate
     jobs of every test that shares this run; tests/test_baseline_workflow.py turns it on in a copy)."""
     work = copy_workflow(tmp_path_factory.mktemp("demo") / "wf")
-    config = yaml.safe_load((work / "config.yaml").read_text())
-    config["evaluate"]["baseline"] = "none"
-    (work / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    leave_out_baseline(work / "config.yaml")
     demo_command = readme_commands()[0]
     run(demo_command, work)
     return work

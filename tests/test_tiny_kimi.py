@@ -5,14 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
-import yaml
 from safetensors import safe_open
 
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.tokens import loss_spans
 
-from .conftest import KIMI_FILES, REPO, copy_workflow, snakemake
+from .conftest import KIMI_FILES, REPO, copy_workflow, leave_out_baseline, snakemake
 
 pytestmark = pytest.mark.e2e
 
@@ -27,10 +26,7 @@ def tiny_kimi_responses(tmp_path_factory):
     without the baseline it ships on (evaluate.baseline: its twins would double the evaluate jobs;
     tests/test_baseline_workflow.py measures a draft against its twin's on the demo)."""
     work = copy_workflow(tmp_path_factory.mktemp("tiny-kimi") / "wf")
-    config = yaml.safe_load((work / "config/tiny-kimi.yaml").read_text())
-    assert config["evaluate"]["baseline"] == "original"
-    config["evaluate"]["baseline"] = "none"
-    (work / "config/tiny-kimi.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    leave_out_baseline(work / "config/tiny-kimi.yaml")
     responses = [f"results/{p}/responses/{s:05d}.jsonl.zst" for p, n in PARTITIONS.items() for s in range(n)]
     snakemake([*responses, *CONFIG], work)  # targets first: --configfile takes every word after it
     return work
