@@ -58,7 +58,7 @@ def greedy_rows(random_model_dir, tmp_path_factory):
 
 
 def samples_for(rows, model_dir, model_settings=THINKING_OFF):
-    samples, _ = build_samples(rows, model_dir, model_settings, token_settings(keep_truncated=True))
+    samples, _ = build_samples(rows, model_dir, model_settings, token_settings(gates={"truncated": False}))
     return samples
 
 
