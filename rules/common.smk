@@ -88,6 +88,17 @@ def get_export_holdout(wildcards):
     return f"results/{wf.prompt_partition(wildcards.partition)}/evaluate/holdout.json"
 
 
+def get_export_probes(wildcards):
+    """The partition's probes, which its exports wait for; ancient(): a probe that reruns for its own settings
+    (its thresholds) reschedules no export, since Snakemake 9 does not rerun a job whose every input from a
+    rerunning job is ancient and exists. A baseline twin's exports have none (twins are not probed).
+    """
+    p = wildcards.partition
+    if p not in PARTITIONS:
+        return []
+    return [ancient(f) for f in expand("results/{p}/probe/{s}.json", p=p, s=shards(p))]
+
+
 def holdout_option(wildcards, input):
     return f"--holdout {input.holdout}" if input.holdout else ""
 
