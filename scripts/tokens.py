@@ -6,10 +6,10 @@ shards, on the console (`note: gates: ...`)."""
 from pathlib import Path
 
 from eagle3_datagen import cli
+from eagle3_datagen.chat.gates import console_line
 from eagle3_datagen.chat.template import TemplateError
 from eagle3_datagen.stages.tokens import NothingTrained, TokenSettings, finished_gates, run_tokens
 from eagle3_datagen.stages.tokens.audit import AuditFailure
-from eagle3_datagen.stages.tokens.gates import console_line
 
 
 def main() -> None:
@@ -26,7 +26,8 @@ def main() -> None:
     partition, shard = out.parent.parent.name, out.name.split(".")[0]
     cli.console(console_line(f"{partition}/{shard}", report["gates"]))
     so_far = finished_gates(Path(args.audit).parent)
-    cli.console(console_line(f"{partition} ({so_far['shards']} shards finished)", so_far))
+    finished = f"{so_far['shards']} shard{'s' if so_far['shards'] != 1 else ''} finished"
+    cli.console(console_line(f"{partition} ({finished})", so_far))
 
 
 if __name__ == "__main__":

@@ -7,13 +7,13 @@ import json
 import pytest
 
 from eagle3_datagen.backends.base import Turn, finish_reason
+from eagle3_datagen.chat.gates import GATES, GateMarkers, console_line, repetition_rate
 from eagle3_datagen.chat.template import resolve_special_tokens
 from eagle3_datagen.chat.tool_calls import openai_call
 from eagle3_datagen.formats.datasets import BadRecord, SkipRecord, parse
 from eagle3_datagen.formats.files import read_json, read_jsonl, write_jsonl_zst
 from eagle3_datagen.stages.responses.conversation import Conversation
 from eagle3_datagen.stages.tokens import NothingTrained, TokenBuilder, finished_gates, run_tokens
-from eagle3_datagen.stages.tokens.gates import GATES, GateMarkers, console_line, repetition_rate
 
 from .conftest import defaults, token_settings
 from .records import MANIFEST, REALDATA

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from eagle3_datagen.chat.gates import GateMarkers, Gates, GateSettings, console_line, pooled
 from eagle3_datagen.chat.template import (
     SpecialTokens,
     load_tokenizer,
@@ -37,7 +38,6 @@ from eagle3_datagen.formats.histograms import histogram
 from eagle3_datagen.progress import Progress
 from eagle3_datagen.stages.tokens.audit import Audit, AuditFailure
 from eagle3_datagen.stages.tokens.encoding import PlanEncoder
-from eagle3_datagen.stages.tokens.gates import GateMarkers, Gates, GateSettings, console_line, pooled
 from eagle3_datagen.stages.tokens.turns import TurnLocator, TurnPlan
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
-from eagle3_datagen.stages.tokens.gates import GateTally
+from eagle3_datagen.chat.gates import GateTally
 
 
 class AuditFailure(RuntimeError):

@@ -21,7 +21,8 @@ back) are never trained; they are listed with the gates' drops, under `failed` a
 
 The gates run in the tokens stage, not the responses stage: a changed gate setting then reruns the
 tokens and what follows, never a paid request, and the markers come from the model's own tokenizer
-and template, which the tokens stage loads anyway (`GateMarkers.of`).
+and template, which the tokens stage loads anyway (`GateMarkers.of`). The module is a shared piece
+beside the template and tool-call markup, since the report and the live status count with it too.
 """
 
 from __future__ import annotations
@@ -246,7 +247,8 @@ def pooled(reports: Iterable[dict]) -> dict:
     for r in reports:
         counts.update(r["counts"])
         repetition.update(r.get("repetition_rates", {}))
-    shown = list(dict.fromkeys(k for r in reports for k in r["counts"]))
+    counted = {k for r in reports for k in r["counts"]}
+    shown = [k for k in (*GATES, *UNUSABLE) if k in counted]
     return {
         "rows": rows,
         "dropped_rows": dropped,
