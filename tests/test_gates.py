@@ -12,7 +12,9 @@ from eagle3_datagen.chat.template import resolve_special_tokens
 from eagle3_datagen.chat.tool_calls import openai_call
 from eagle3_datagen.formats.datasets import BadRecord, SkipRecord, parse
 from eagle3_datagen.formats.files import read_json, read_jsonl, write_jsonl_zst
+from eagle3_datagen.stages.prompts import build_prompts
 from eagle3_datagen.stages.responses.conversation import Conversation
+from eagle3_datagen.stages.responses.original import original_responses
 from eagle3_datagen.stages.tokens import NothingTrained, TokenBuilder, finished_gates, run_tokens
 
 from .conftest import defaults, token_settings
@@ -212,6 +214,23 @@ def test_repetition_threshold_separates_real_answers_from_loops():
     }
     rates = {name: repetition_rate(text, n, window)[0] for name, text in loops.items()}
     assert min(rates.values()) > 0.7 > limit, rates
+
+
+def test_every_real_records_own_answers_pass_every_gate(tmp_path, kimi_builder, kimi_fast):
+    """The rows the `dataset` backend makes of every record in tests/fixtures/realdata (their own answers and
+    tool calls, as the baseline twins train them), gated with Kimi-K2.5's markers: none is dropped."""
+    specials = resolve_special_tokens(kimi_fast)
+    builder = kimi_builder()
+    for name, fmt in MANIFEST:
+        prompts, out = tmp_path / f"{name}.prompts.jsonl.zst", tmp_path / f"{name}.jsonl.zst"
+        build_prompts(REALDATA / name, fmt, [prompts], tmp_path / "prompt-stats.json")
+        dataset = {"source": str(REALDATA / name), "format": fmt, "system_prompt": None}
+        original_responses(prompts, out, tmp_path / "stats.json", dataset, (specials.think_start, specials.think_end))
+        builder.samples_for_rows(read_jsonl(out))
+    gates = builder.report()["gates"]
+    assert (gates["rows"], gates["dropped_rows"]) == (325, 0)
+    # rep-4 of the rows long enough to judge, in bins of 0.1: all far below max_rate (0.5)
+    assert gates["repetition_rates"] == {"0.0": 161, "0.1": 20, "0.2": 1}
 
 
 def test_the_console_line_and_a_partitions_finished_shards(tmp_path, kimi_fast_dir):
