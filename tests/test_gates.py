@@ -271,3 +271,17 @@ def test_the_console_line_and_a_partitions_finished_shards(tmp_path, kimi_fast_d
     assert (so_far["shards"], so_far["rows"], so_far["dropped_rows"], so_far["counts"]["tool_call_syntax"]) == (
         2, 9, 8, 2,
     )  # fmt: skip
+
+
+def test_a_repetition_gate_that_could_judge_no_text_is_refused_before_any_job():
+    from eagle3_datagen.workflow.settings import gate_problems
+
+    config = {"tokens": defaults("tokens")}
+    assert gate_problems(config) == []
+    config["tokens"]["gates"]["repetition"].update(window=16, min_ngrams=32)
+    assert gate_problems(config) == [
+        "tokens.gates.repetition: a window of 16 words holds 13 4-grams, fewer than min_ngrams 32, so no text "
+        "would be judged; raise window or lower min_ngrams (or set enabled: false)"
+    ]
+    config["tokens"]["gates"]["repetition"]["enabled"] = False
+    assert gate_problems(config) == []
