@@ -232,7 +232,8 @@ def console_line(name: str, gates: dict) -> str:
     """One line for the console: rows in, rows dropped, and each gate's count and rate."""
     rows = gates["rows"]
     kept = rows - gates["dropped_rows"]
-    parts = [f"{reason} {n} ({gates['rates'][reason]:.1%})" for reason, n in gates["counts"].items() if n]
+    counts = gates["counts"]
+    parts = [f"{r} {counts[r]} ({gates['rates'][r]:.1%})" for r in (*GATES, *UNUSABLE) if counts.get(r)]
     dropped = f"{gates['dropped_rows']} dropped ({gates['dropped_rows'] / rows:.1%})" if rows else "0 dropped"
     return f"gates: {name}: {rows} rows, {kept} trained, {dropped}" + (": " + ", ".join(parts) if parts else "")
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from eagle3_datagen.chat.gates import GATES, UNUSABLE
 from eagle3_datagen.formats.checkpoint import head_and_norm_names, read_tensor, rms_norm, tensor_files, text_config
 from eagle3_datagen.formats.files import write_json
 from eagle3_datagen.formats.hidden_shard import HiddenShard
@@ -297,7 +298,8 @@ def nothing_to_probe(result: dict, tokens_audit: dict) -> tuple[str, list[str]]:
     rows = gates.get("rows", tokens_audit.get("counts", {}).get("rows_in", 0))
     if not rows:
         return "empty", ["no position to probe: the shard's prompt shard holds no prompt"]
-    dropped = ", ".join(f"{reason} {n}" for reason, n in gates.get("counts", {}).items() if n) or "none by a gate"
+    counts = gates.get("counts", {})
+    dropped = ", ".join(f"{r} {counts[r]}" for r in (*GATES, *UNUSABLE) if counts.get(r)) or "none by a gate"
     return "fail", [
         f"no position to probe: of its {rows} response rows the tokens stage dropped {gates.get('dropped_rows', 0)} "
         f"({dropped}) and the rest hold no trained token; the hidden states ({result['positions_total']} "
