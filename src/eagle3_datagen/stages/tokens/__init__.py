@@ -5,7 +5,9 @@ rendered with `add_generation_prompt`, tools declared) followed by exactly what 
 produced after it. With the server's generated IDs that is those IDs; from text it is the turn
 rebuilt in the model's format, derived from the template (Kimi-K2.5's prompt opens `<think>`, so
 `{reasoning}</think>{content}<|im_end|>`; Qwen3's does not, so `<think>\n{reasoning}\n</think>...`).
-Where both exist they are audited against each other, continuation against continuation.
+Where both exist they are audited against each other, continuation against continuation. Rows
+that a quality gate fails (`chat/gates.py`: truncated, empty, filtered, refused, looping, reasoning
+leaked, tool calls that do not parse) are not trained, and are listed with their reasons.
 
 `turns` locates the trained turns in the template's rendering, `encoding` turns that text into
 IDs (prompts encoded whole, boundaries through the tokenizer's offsets), `audit` compares and
@@ -70,8 +72,9 @@ class TokenBuilder:
     it: the server's IDs when it returned them, else the turn rebuilt from text in the model's
     own format. Where the turns lie is `turns.TurnLocator`'s (rendering with `tokenizer`, its own
     `apply_chat_template`, tools included); their IDs are `encoding.PlanEncoder`'s (`encoder`, by
-    default the same tokenizer, checked against `reference` when given); this class assembles IDs
-    and loss mask, audits rebuilt IDs against the server's, and applies the length policy.
+    default the same tokenizer, checked against `reference` when given); this class applies the
+    quality gates (with the markers of `tokenizer` and its template), assembles IDs and loss mask,
+    audits rebuilt IDs against the server's, and applies the length policy.
     """
 
     def __init__(
@@ -155,7 +158,10 @@ class TokenBuilder:
             "tools_rendering": self.tools_rendering,
             "special_tokens": self.specials.as_dict(),
             "counts": dict(sorted(self.audit.counts.items())),
-            "gates": {**self.audit.gated.report(self.settings.gates), "markers": self.gates.markers.__dict__},
+            "gates": {
+                **self.audit.gated.report(self.settings.gates),
+                "markers": dataclasses.asdict(self.gates.markers),
+            },
             "audit": self.audit.summary(),
         }
 
