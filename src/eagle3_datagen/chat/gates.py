@@ -42,12 +42,18 @@ UNUSABLE = ("failed", "malformed")
 # it in healthy answers.
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _WORDS = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+")
+_CHARS_PER_WORD = 16  # a tail this many characters per word almost always holds `window` words
 
 
 def repetition_rate(text: str, n: int, window: int) -> tuple[float, int]:
     """rep-n of `text`'s last `window` words: the share of its n-grams that repeat an earlier one, and
     how many n-grams there are. A loop fills the end of what it cuts short, hence the tail."""
-    words = _WORDS.findall(text)[-window:]
+    # Only the tail is read: a slice that holds more than `window` words (its first, perhaps cut, left
+    # out), else the whole text; so a long answer costs what a short one does.
+    words = _WORDS.findall(text[-window * _CHARS_PER_WORD :])
+    if len(words) <= window and len(text) > window * _CHARS_PER_WORD:
+        words = _WORDS.findall(text)
+    words = words[-window:]
     grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
     if not grams:
         return 0.0, 0
