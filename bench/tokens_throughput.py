@@ -9,7 +9,8 @@ Kimi-K2.5's real tokenizer files and chat template (`resources/kimi-k2.5`) four 
 - slow model, fast encoder: what the stage does for such a directory: the slow tokenizer renders,
   a fast one built from `tiktoken.model` encodes with offsets, every text checked against the slow;
 - fast: a directory holding that fast tokenizer (tokenizer.json), 1 process and --workers processes.
-All four must give identical samples. Then slow and fast by conversation length.
+All four must give identical samples. Then slow and fast by conversation length. First, the quality
+gates' cost per row (every gate on; the timed builds run with the repetition gate off, see below).
 
 Usage: python bench/tokens_throughput.py [--conversations 2000] [--workers 2] [--per-length 100]
 Run from the repository root with the project's venv on PATH.
@@ -23,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from eagle3_datagen.chat.gates import GateMarkers, Gates, GateSettings
 from eagle3_datagen.chat.template import load_tokenizer, resolve_special_tokens
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 from eagle3_datagen.config_schema import fill_defaults
@@ -90,6 +92,28 @@ def conversations(n: int, seed: int, turns: int | None = None) -> list[dict]:
     return [conversation(rng, i, turns or rng.choice((1, 1, 2, 3, 4, 6, 8))) for i in range(n)]
 
 
+def gate_cost(rows: list[dict], tokenizer) -> None:
+    """The quality gates' time per row, every gate on (the repetition gate's rep-n is most of it)."""
+    gates = Gates(
+        GateSettings.from_config(fill_defaults({}, "tokens.gates")),
+        GateMarkers.of(tokenizer, resolve_special_tokens(tokenizer)),
+    )
+    chars = sum(
+        len(m.get("content") or "") + len(m.get("reasoning") or "")
+        for r in rows
+        for m in r["messages"]
+        if m["role"] == "assistant"
+    )
+    start = time.perf_counter()
+    dropped = sum(bool(gates.reasons(row)) for row in rows)
+    seconds = time.perf_counter() - start
+    print(
+        f"quality gates: {seconds / len(rows) * 1e3:.3f} ms per row ({chars / len(rows):.0f} characters of "
+        f"reasoning and content), {dropped} of {len(rows)} rows dropped\n",
+        flush=True,
+    )
+
+
 def timed(label: str, run) -> tuple[float, list[dict]]:
     start = time.perf_counter()
     samples = run()
@@ -109,7 +133,10 @@ def main() -> None:
     sys.path.insert(0, str(REPO))  # the remote-code slow tokenizer is a test double, in tests/doubles
     from tests.doubles.tiktoken_slow import write_remote_code_dir
 
-    settings = TokenSettings.from_config(fill_defaults({"max_length": 1 << 20}, "tokens"))
+    # The synthetic answers repeat a code block verbatim, which the repetition gate takes for a loop in 7% of
+    # the rows: off, so that every row is encoded, as in the measurements before the gates.
+    no_loops = {"repetition": {"enabled": False}}
+    settings = TokenSettings.from_config(fill_defaults({"max_length": 1 << 20, "gates": no_loops}, "tokens"))
     with tempfile.TemporaryDirectory() as tmp:
         slow_dir = write_remote_code_dir(KIMI, Path(tmp) / "remote")
         fast_dir = Path(tmp) / "fast"
@@ -123,6 +150,7 @@ def main() -> None:
 
         rows = conversations(args.conversations, seed=0)
         print(f"{len(rows)} conversations, {sum(1 for r in rows if 'tools' in r)} with tool calls\n")
+        gate_cost(rows, fast)
         print("| tokenizer | samples | tokens | seconds | samples/s | tokens/s |")
         print("|---|---|---|---|---|---|")
         slow_s, by_slow = timed("slow (remote code), prefix re-encoding", lambda: builder(slow).samples_for_rows(rows))

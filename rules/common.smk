@@ -25,12 +25,14 @@ wildcard_constraints:
     shard=r"\d{5}",
 
 
-def logged(command):
+def logged(command, notes=False):
     """Every rule's `command`, its output going to the rule's log; when it fails, the log's last line (the
     script's one-line `error: ...`, or a bug's exception) is also printed on the console, beside
-    Snakemake's "Error in rule"."""
+    Snakemake's "Error in rule". With `notes`, the log's `note: ` lines (cli.console) are printed there
+    when it succeeds."""
+    on_success = "&& {{ grep '^note: ' {log} >&2 || true; }}" if notes else ""
     on_failure = "|| {{ status=$?; tail -n 1 {log} >&2; exit $status; }}"
-    return " ".join([command, "> {log} 2>&1", on_failure])
+    return " ".join(filter(None, [command, "> {log} 2>&1", on_success, on_failure]))
 
 
 def get_final_output():
@@ -84,6 +86,17 @@ def get_export_holdout(wildcards):
     if "evaluate" not in config:
         return []
     return f"results/{wf.prompt_partition(wildcards.partition)}/evaluate/holdout.json"
+
+
+def get_export_probes(wildcards):
+    """The partition's probes, which its exports wait for; ancient(): a probe that reruns for its own settings
+    (its thresholds) reschedules no export, since Snakemake 9 does not rerun a job whose every input from a
+    rerunning job is ancient and exists. A baseline twin's exports have none (twins are not probed).
+    """
+    p = wildcards.partition
+    if p not in PARTITIONS:
+        return []
+    return [ancient(f) for f in expand("results/{p}/probe/{s}.json", p=p, s=shards(p))]
 
 
 def holdout_option(wildcards, input):

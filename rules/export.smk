@@ -1,10 +1,13 @@
 # The exports name results/vocab's files rather than read them: one partition's change then reruns
-# only its own export, not every partition's (results/vocab combines them all).
+# only its own export, not every partition's (results/vocab combines them all). A partition's export
+# waits for its probes (a failed probe stops it), which are ancient(): a probe rerun for its own settings
+# alone reschedules no export.
 rule export:
     input:
         hidden=get_partition_hidden_shards,
         model=MODEL_INPUT,
         holdout=get_export_holdout,
+        probes=get_export_probes,
     output:
         directory("results/{partition}/export/{format}"),
     log:

@@ -1,6 +1,8 @@
 rule probe:
     input:
         hidden="results/{partition}/hidden/{shard}",
+        # what became of the shard's response rows: a shard with nothing to probe fails unless it had none
+        tokens_audit="results/{partition}/tokens/{shard}.audit.json",
         model=MODEL_INPUT,
     output:
         "results/{partition}/probe/{shard}.json",
@@ -15,7 +17,8 @@ rule probe:
         settings=get_probe_settings,
     shell:
         logged(
-            "python scripts/probe.py --hidden {input.hidden} --partition {wildcards.partition} "
+            "python scripts/probe.py --hidden {input.hidden} --tokens-audit {input.tokens_audit} "
+            "--partition {wildcards.partition} "
             "--out {output} --settings {params.settings:q} "
             "--threads {threads}"
         )

@@ -17,5 +17,6 @@ rule tokens:
     shell:
         logged(
             "python scripts/tokens.py --responses {input.responses} --out {output.tokens} "
-            "--audit {output.audit} --settings {params.settings:q} --threads {threads}"
+            "--audit {output.audit} --settings {params.settings:q} --threads {threads}",
+            notes=True,
         )

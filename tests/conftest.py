@@ -144,6 +144,10 @@ def leave_out_baseline(config_file: Path) -> None:
     config_file.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
+# What the demo run printed on the console, kept beside its outputs.
+DEMO_CONSOLE = "console.txt"
+
+
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory) -> Path:
     """The embedded demo, run once with the README's own command in a copy of the workflow, without the
@@ -152,7 +156,8 @@ def demo_dir(tmp_path_factory) -> Path:
     work = copy_workflow(tmp_path_factory.mktemp("demo") / "wf")
     leave_out_baseline(work / "config.yaml")
     demo_command = readme_commands()[0]
-    run(demo_command, work)
+    proc = run(demo_command, work)
+    (work / DEMO_CONSOLE).write_text(proc.stdout + proc.stderr)
     return work
 
 

@@ -88,7 +88,7 @@ def test_dryrun_scale():
 
 def test_tokens_throughput():
     out = bench("tokens_throughput.py", "--conversations", "6", "--workers", "2", "--per-length", "2")
-    assert "fast / slow samples/s" in out and "tokenizers disagree" not in out
+    assert "fast / slow samples/s" in out and "tokenizers disagree" not in out and "quality gates: " in out
     assert [line.split("|")[1].strip() for line in out.splitlines()[-4:]] == ["1", "2", "4", "8"]
 
 

@@ -58,7 +58,7 @@ def greedy_rows(random_model_dir, tmp_path_factory):
 
 
 def samples_for(rows, model_dir, model_settings=THINKING_OFF):
-    samples, _ = build_samples(rows, model_dir, model_settings, token_settings(keep_truncated=True))
+    samples, _ = build_samples(rows, model_dir, model_settings, token_settings(gates={"truncated": False}))
     return samples
 
 
@@ -71,7 +71,11 @@ def shard(tmp_path, name, samples, model_dir, final="normed", final_layer=None, 
     return out
 
 
-def probe(tmp_path, shard_dir, model_dir, greedy_exact=True, settings=None):
+# The shard's tokens audit as the probe reads it: 12 response rows, none dropped.
+TOKENS_AUDIT = {"gates": {"rows": 12, "dropped_rows": 0, "counts": {"truncated": 0}}}
+
+
+def probe(tmp_path, shard_dir, model_dir, greedy_exact=True, settings=None, tokens_audit=TOKENS_AUDIT):
     return run_probe(
         shard_dir,
         tmp_path / f"{shard_dir.name}.json",
@@ -80,6 +84,7 @@ def probe(tmp_path, shard_dir, model_dir, greedy_exact=True, settings=None):
         "P1",
         "hf",
         greedy_exact,
+        tokens_audit,
     )
 
 
@@ -94,6 +99,26 @@ def test_greedy_data_agrees_and_only_head_and_norm_are_read(tmp_path, random_mod
     assert result["tensors_loaded"] == ["lm_head.weight", "model.norm.weight"]
     written = json.loads((tmp_path / "ok.json").read_text())
     assert written["partition"] == "P1" and written["backend"] == "hf"
+
+
+def test_a_shard_with_nothing_to_probe_fails_unless_its_prompt_shard_was_empty(tmp_path, random_model_dir, greedy_rows):
+    """No trained position: every row failed or was gated (the tokens job fails such a shard first), or
+    every sample's loss mask is empty. Only a shard without response rows is `empty`, not a failure."""
+    unmasked = [{**s, "loss_mask": [0] * len(s["loss_mask"])} for s in samples_for(greedy_rows, random_model_dir)]
+    gated = {"gates": {"rows": 12, "dropped_rows": 4, "counts": {"truncated": 3, "repetition": 1, "empty": 0}}}
+    with pytest.raises(
+        ProbeFailure,
+        match=r"shard unmasked \(hf\): no position to probe: of its 12 response rows the "
+        r"tokens stage dropped 4 \(truncated 3, repetition 1\) and the rest hold no trained token",
+    ):
+        probe(tmp_path, shard(tmp_path, "unmasked", unmasked, random_model_dir), random_model_dir, tokens_audit=gated)
+    assert not (tmp_path / "unmasked.json").exists()
+    empty = shard(tmp_path, "empty", [], random_model_dir)
+    result = probe(
+        tmp_path, empty, random_model_dir, tokens_audit={"gates": {"rows": 0, "dropped_rows": 0, "counts": {}}}
+    )
+    assert (result["verdict"], result["positions_total"]) == ("empty", 0)
+    assert result["reasons"] == ["no position to probe: the shard's prompt shard holds no prompt"]
 
 
 def test_lm_head_reads_two_tensors_of_a_sharded_checkpoint(random_model_dir):

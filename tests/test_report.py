@@ -81,3 +81,23 @@ def test_summary_page_shows_the_numbers_escapes_user_strings_and_shows_the_evalu
     # three figures of the partitions, one of the evaluations (nothing probed: no probe figure)
     assert page.count("<img class='plot'") == 4
     assert evaluation.count("src='data:image/png;base64,") == 1
+
+
+def test_the_gates_table_shows_each_reasons_count_and_rate_and_the_gates_turned_off():
+    from eagle3_datagen.chat.gates import pooled
+    from eagle3_datagen.reporting.report import gates_section
+
+    shard = {
+        "rows": 40, "dropped_rows": 3, "off": ["repetition"],
+        "counts": {"truncated": 2, "empty": 0, "content_filter": 0, "refusal": 1, "reasoning_leak": 0,
+                   "tool_call_syntax": 0, "failed": 1, "malformed": 0},
+    }  # fmt: skip
+    other = {**shard, "counts": {**shard["counts"], "refusal": 0}}
+    summaries = [{"partition": "chat", "gates": pooled([shard, other])}]
+    section = gates_section(summaries)
+    assert section["header"][:5] == ["partition", "response rows", "dropped", "truncated", "empty"]
+    assert section["rows"] == [
+        ["chat", 80, "6 (7.5%)", "4 (5.0%)", "0 (0.0%)", "0 (0.0%)", "1 (1.2%)", "off", "0 (0.0%)", "0 (0.0%)",
+         "2 (2.5%)", "0 (0.0%)"],
+    ]  # fmt: skip
+    assert gates_section([{"partition": "empty", "gates": pooled([])}]) is None

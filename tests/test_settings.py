@@ -189,7 +189,10 @@ def coverage_config(hidden_backend: str) -> dict:
         "price_per_million": {"prompt": 0.6, "completion": 3.0},
         "retry": dict(retry),
     }
-    config["tokens"].update(audit_examples=5, loss_turns="all")
+    switches = ("truncated", "empty", "content_filter", "refusal", "reasoning_leak", "tool_call_syntax")
+    gates = dict.fromkeys(switches, True)
+    repetition = {"enabled": True, "n": 4, "window": 256, "min_ngrams": 32, "max_rate": 0.5}
+    config["tokens"].update(audit_examples=5, loss_turns="all", gates={**gates, "repetition": repetition})
     hidden = config["hidden_states"]
     hidden.update(
         backend=hidden_backend,

@@ -148,13 +148,13 @@ def test_truncated_rows_dropped_or_kept_without_end_of_turn(builder, qwen_tokeni
     truncated = row(user("Hi"), reply("Hello th", finish_reason="length"), status="truncated")
     b = builder()
     assert b.samples_for(truncated) == []
-    assert b.report()["counts"]["dropped_truncated"] == 1
-    [kept] = builder(keep_truncated=True).samples_for(truncated)
+    assert b.report()["gates"]["dropped"] == {"sample": ["truncated"]}
+    [kept] = builder(gates={"truncated": False}).samples_for(truncated)
     assert masked_spans(qwen_tokenizer, kept) == ["<think>\n\n</think>\n\nHello th"]
 
 
 def test_length_policy(builder):
-    long = row(user("Hi"), reply("word " * 50))
+    long = row(user("Hi"), reply(" ".join(f"word{i}" for i in range(50))))  # no loop: the gates pass it
     b = builder(max_length=40, length_policy="drop")
     assert b.samples_for(long) == [] and b.report()["counts"]["dropped_too_long"] == 1
     [cut] = builder(max_length=40, length_policy="truncate").samples_for(long)
@@ -273,7 +273,7 @@ def test_worker_processes_give_the_same_samples_and_audit(kimi_remote_code_dir):
     assert len(one) == len(rows) - len(range(0, len(rows), 3))
     assert one == two
     assert one_report == two_report
-    assert one_report["counts"]["dropped_truncated"] == len(range(0, len(rows), 3))
+    assert one_report["gates"]["counts"]["truncated"] == len(range(0, len(rows), 3))
     # The model's tokenizer is slow (remote code): the fast one built from its tiktoken.model
     # encoded every sample, each checked to give the slow one's IDs.
     assert one_report["tokenizer"] == {

@@ -15,12 +15,13 @@ import pytest
 import torch
 import yaml
 
+from eagle3_datagen.chat.gates import GATES, console_line
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.tokens import loss_spans
 from tests.doubles.loopback import Loopback, serve_in_thread
 
-from .conftest import REPO, copy_workflow, run, scheduled, snakemake
+from .conftest import DEMO_CONSOLE, REPO, copy_workflow, run, scheduled, snakemake
 
 pytestmark = pytest.mark.e2e
 
@@ -74,6 +75,34 @@ def test_demo_model_stops_and_the_audit_matches(demo_dir):
         finish = summary["responses"]["finish_reasons"]
         assert finish.get("stop", 0) >= 0.8 * sum(finish.values())  # a fitted model, not random tokens
         assert summary["tokens"]["audit"]["semantic"] == 0
+
+
+def test_each_gates_counts_reach_the_console_and_the_report(demo_dir):
+    """Each tokens shard's gate counts on the console when it ends, and the partition's in its summary
+    and the report's table. The demo model closes think blocks it never opened: those rows are malformed,
+    their reasoning leaked into the content, and nothing else is dropped."""
+    console = (demo_dir / DEMO_CONSOLE).read_text().splitlines()
+    html = (demo_dir / "results/report/summary.html").read_text()
+    dropped_in_demo = 0
+    for partition in PARTITIONS:
+        rows, dropped = 0, 0
+        for shard in shards(partition):
+            gates = json.loads((demo_dir / f"results/{partition}/tokens/{shard}.audit.json").read_text())["gates"]
+            assert "note: " + console_line(f"{partition}/{shard}", gates) in console
+            responses = read_jsonl(demo_dir / f"results/{partition}/responses/{shard}.jsonl.zst")
+            malformed = {r["id"] for r in responses if r["status"] == "malformed"}
+            assert gates["dropped"] == dict.fromkeys(malformed, ["reasoning_leak", "malformed"])
+            rows, dropped = rows + gates["rows"], dropped + gates["dropped_rows"]
+        summary = json.loads((demo_dir / f"results/report/{partition}.json").read_text())["gates"]
+        assert (summary["rows"], summary["dropped_rows"]) == (rows, dropped)
+        zero = dict.fromkeys([*GATES, "failed", "malformed"], 0)
+        assert summary["counts"] == {**zero, "reasoning_leak": dropped, "malformed": dropped}
+        share = f"{dropped / rows:.1%}"
+        cells = [partition, rows, f"{dropped} ({share})", *["0 (0.0%)"] * 5, f"{dropped} ({share})", "0 (0.0%)"]
+        cells += ["0 (0.0%)", f"{dropped} ({share})"]
+        assert "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>" in html
+        dropped_in_demo += dropped
+    assert dropped_in_demo > 0
 
 
 def test_hidden_states_equal_a_direct_transformers_forward(demo_dir):

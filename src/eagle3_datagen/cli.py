@@ -54,6 +54,15 @@ def run(main: Callable[[], None], user_errors: tuple[type[BaseException], ...] =
         sys.exit(USER_ERROR_EXIT)
 
 
+CONSOLE_MARK = "note: "
+
+
+def console(line: str) -> None:
+    """Write `line` for the console: a rule that asks for it (`logged(..., notes=True)` in rules/common.smk)
+    prints its log's `note: ` lines there when the job succeeds, as it prints the `error:` line when it fails."""
+    print(f"{CONSOLE_MARK}{line}", file=sys.stderr, flush=True)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """Every script's parser: its docstring kept as written in --help; a wrong argument ends the script as
     any user error does, one line `error: ...` and exit status 2 (argparse's own prints the usage first)."""

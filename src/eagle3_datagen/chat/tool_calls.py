@@ -182,3 +182,22 @@ def _common_suffix(a: list[int], b: list[int]) -> list[int]:
     while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
         n += 1
     return a[len(a) - n :]
+
+
+def tool_call_marker_tokens(tokenizer: PreTrainedTokenizerBase, template_kwargs: dict | None = None) -> tuple[str, ...]:
+    """The tokenizer's added tokens that the chat template writes around a tool call and nowhere in a
+    plain answer: Kimi's section, call and argument markers, Qwen3's `<tool_call>` and `</tool_call>`,
+    DeepSeek's `<｜tool▁calls▁begin｜>`..., gpt-oss's `<|call|>`. None for a template that writes calls
+    without added tokens (Llama 3.1's JSON) or cannot render one (it raises on tool calls)."""
+    from eagle3_datagen.chat.template import PROBE_ASSISTANT, PROBE_USER, render_text
+
+    user = {"role": "user", "content": PROBE_USER}
+    plain = {"role": "assistant", "content": PROBE_ASSISTANT}
+    calling = {**plain, "tool_calls": [openai_call("probe_first", '{"x": 1}', 0)]}
+    try:
+        with_call = render_text(tokenizer, [user, calling], False, template_kwargs)
+        without = render_text(tokenizer, [user, plain], False, template_kwargs)
+    except Exception:  # a template may raise on tool calls (jinja's raise_exception)
+        return ()
+    added = {token.content for token in tokenizer.added_tokens_decoder.values()}
+    return tuple(sorted(t for t in added if t in with_call and t not in without))

@@ -3,14 +3,16 @@
 Each finished prompt (a success or a failure with its reason) is appended as one JSON line
 and flushed as soon as it completes. A rerun reads the journal, skips every id in it and
 appends the rest. The first line fingerprints the settings that shape a response: a journal
-written under other settings is moved aside, never mixed in. A line torn by `kill -9` is cut
-off when the journal is reopened.
+written under other settings is moved aside, never mixed in, and says when the journal was begun. A
+line torn by `kill -9` is cut off when the journal is reopened. `read_journal` reads one while its job
+appends (the live status).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import orjson
@@ -60,7 +62,8 @@ class Journal:
 
     def _start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_bytes(orjson.dumps({"format": FORMAT, "fingerprint": self.fingerprint}) + b"\n")
+        header = {"format": FORMAT, "fingerprint": self.fingerprint, "started": time.time()}
+        self.path.write_bytes(orjson.dumps(header) + b"\n")
 
     def append(self, row: dict) -> None:
         self._file.write(orjson.dumps(row) + b"\n")
@@ -73,3 +76,18 @@ class Journal:
     def remove(self) -> None:
         self.close()
         self.path.unlink(missing_ok=True)
+
+
+def read_journal(path: str | Path) -> tuple[dict, dict[str, dict]]:
+    """A journal as another process reads it while its job appends: its header (`started`: when the
+    journal was begun, seconds since the epoch) and its finished rows by id (a later line for an id
+    replaces an earlier one), the line being written left out. Nothing is changed."""
+    data = Path(path).read_bytes()
+    lines = data[: data.rfind(b"\n") + 1].splitlines()
+    if not lines:
+        return {}, {}
+    rows = {}
+    for line in lines[1:]:
+        row = orjson.loads(line)
+        rows[row["id"]] = row
+    return orjson.loads(lines[0]), rows

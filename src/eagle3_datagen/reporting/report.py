@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jinja2
 
+from eagle3_datagen.chat.gates import GATES, UNUSABLE, pooled
 from eagle3_datagen.formats.files import iter_jsonl, read_json, write_json
 from eagle3_datagen.formats.hidden_codec import Codec
 from eagle3_datagen.formats.histograms import merge
@@ -90,6 +91,8 @@ def partition_summary(
             "throughput": _rate([r.get("throughput", {}) for r in responses], "completion_tokens"),
             "lengths": _lengths(responses),
         },
+        # what the quality gates dropped, each gate's count and rate over the partition's response rows
+        "gates": pooled(a["gates"] for a in audit_reports if "gates" in a),
         "tokens": {
             **_merge([a["counts"] for a in audit_reports]),
             "audit": {
@@ -184,6 +187,7 @@ def summary_html(summaries: list[dict], shared: dict | None = None, evaluations:
     values = [dict(_flat("", s)) for s in summaries]
     return _TEMPLATES.get_template("summary.html.j2").render(
         figures=report_plots.figures(summaries),
+        gates=gates_section(summaries),
         probe=probe_section(summaries),
         evaluation=evaluation_section([evaluation_figures(e) for e in evaluations]),
         shared=shared_rows(shared),
@@ -199,6 +203,33 @@ def shared_rows(shared: dict | None) -> list[list]:
     return [[pair, n] for pair, n in shared["pairs"].items()] + [
         [f"{name}: in another partition", n] for name, n in shared["per_partition"].items()
     ]
+
+
+def gates_section(summaries: list[dict]) -> dict | None:
+    """The quality gates' table: per partition, rows in, rows dropped, and each reason's count and rate
+    (`off` for a gate the run turned off)."""
+    gated = [s for s in summaries if s.get("gates")]
+    if not any(s["gates"]["rows"] for s in gated):
+        return None
+    reasons = [*GATES, *UNUSABLE]
+
+    def cell(gates: dict, reason: str) -> str:
+        if reason in gates["off"]:
+            return "off"
+        return f"{gates['counts'].get(reason, 0)} ({gates['rates'].get(reason, 0.0):.1%})"
+
+    rows = [
+        [
+            s["partition"],
+            s["gates"]["rows"],
+            f"{s['gates']['dropped_rows']} ({s['gates']['dropped_rows'] / s['gates']['rows']:.1%})"
+            if s["gates"]["rows"]
+            else "0",
+            *(cell(s["gates"], reason) for reason in reasons),
+        ]
+        for s in gated
+    ]
+    return {"header": ["partition", "response rows", "dropped", *reasons], "rows": rows}
 
 
 def probe_section(summaries: list[dict]) -> dict | None:

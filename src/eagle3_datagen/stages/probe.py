@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from eagle3_datagen.chat.gates import GATES, UNUSABLE
 from eagle3_datagen.formats.checkpoint import head_and_norm_names, read_tensor, rms_norm, tensor_files, text_config
 from eagle3_datagen.formats.files import write_json
 from eagle3_datagen.formats.hidden_shard import HiddenShard
@@ -289,6 +290,23 @@ def _storage_reasons(result: dict, settings: ProbeSettings) -> list[str]:
     ]
 
 
+def nothing_to_probe(result: dict, tokens_audit: dict) -> tuple[str, list[str]]:
+    """The verdict of a shard without a trained position: `empty` when its prompt shard held no prompt
+    (a partition with fewer prompts than shards, or `allow_empty`); else it fails, since an empty
+    shard would reach the exports as if all were well."""
+    gates = tokens_audit.get("gates") or {}
+    rows = gates.get("rows", tokens_audit.get("counts", {}).get("rows_in", 0))
+    if not rows:
+        return "empty", ["no position to probe: the shard's prompt shard holds no prompt"]
+    counts = gates.get("counts", {})
+    dropped = ", ".join(f"{r} {counts[r]}" for r in (*GATES, *UNUSABLE) if counts.get(r)) or "none by a gate"
+    return "fail", [
+        f"no position to probe: of its {rows} response rows the tokens stage dropped {gates.get('dropped_rows', 0)} "
+        f"({dropped}) and the rest hold no trained token; the hidden states ({result['positions_total']} "
+        "positions) would train nothing. Check the responses and tokens.gates, then rerun the tokens"
+    ]
+
+
 def run_probe(
     shard_dir: str | Path,
     out_path: str | Path,
@@ -297,13 +315,18 @@ def run_probe(
     partition: str,
     backend: str,
     greedy_exact: bool,
+    tokens_audit: dict,
     device: str = "cpu",
 ) -> dict:
+    """`tokens_audit`: the shard's tokens audit.json, which says what became of its response rows."""
     head = LMHead(model_path, device)
     log.info("read %s from %s", head.loaded, model_path)
     result = {"partition": partition, "backend": backend, "greedy_exact": greedy_exact}
     result.update(probe_shard(shard_dir, head, settings))
-    result["verdict"], result["reasons"] = verdict(result, settings, greedy_exact)
+    if result["positions_total"]:
+        result["verdict"], result["reasons"] = verdict(result, settings, greedy_exact)
+    else:
+        result["verdict"], result["reasons"] = nothing_to_probe(result, tokens_audit)
     log.info("probe: %s", json.dumps({k: v for k, v in result.items() if k != "by_position"}))
     if result["verdict"] == "fail":
         storage = _storage_reasons(result, settings)
@@ -314,7 +337,7 @@ def run_probe(
             + (
                 ". The stored hidden states do not predict the tokens the model generated (greedy, exact output "
                 f"IDs). Likely causes: {LIKELY_CAUSES}"
-                if data
+                if data and result["positions_total"]
                 else ""
             )
         )

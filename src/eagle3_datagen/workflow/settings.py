@@ -388,7 +388,21 @@ def config_problems(config: dict, config_files: list, check_sources: bool) -> li
     itself), settings that would delete a model the workflow did not make, or that no reader (or the
     evaluate stage) could take."""
     missing = missing_sources(config, config_files) if check_sources else []
-    return missing + demo_model_problems(config) + storage_problems(config) + evaluate_problems(config)
+    problems = demo_model_problems(config) + storage_problems(config) + evaluate_problems(config)
+    return missing + problems + gate_problems(config)
+
+
+def gate_problems(config: dict) -> list[str]:
+    """A repetition gate that could judge no text: its window holds fewer n-grams than it asks for."""
+    repetition = config["tokens"]["gates"]["repetition"]
+    holds = repetition["window"] - repetition["n"] + 1
+    if not repetition["enabled"] or repetition["min_ngrams"] <= holds:
+        return []
+    return [
+        f"tokens.gates.repetition: a window of {repetition['window']} words holds {holds} {repetition['n']}-grams, "
+        f"fewer than min_ngrams {repetition['min_ngrams']}, so no text would be judged; raise window or lower "
+        "min_ngrams (or set enabled: false)"
+    ]
 
 
 def demo_model_problems(config: dict) -> list[str]:

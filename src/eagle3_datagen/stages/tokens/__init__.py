@@ -5,7 +5,9 @@ rendered with `add_generation_prompt`, tools declared) followed by exactly what 
 produced after it. With the server's generated IDs that is those IDs; from text it is the turn
 rebuilt in the model's format, derived from the template (Kimi-K2.5's prompt opens `<think>`, so
 `{reasoning}</think>{content}<|im_end|>`; Qwen3's does not, so `<think>\n{reasoning}\n</think>...`).
-Where both exist they are audited against each other, continuation against continuation.
+Where both exist they are audited against each other, continuation against continuation. Rows
+that a quality gate fails (`chat/gates.py`: truncated, empty, filtered, refused, looping, reasoning
+leaked, tool calls that do not parse) are not trained, and are listed with their reasons.
 
 `turns` locates the trained turns in the template's rendering, `encoding` turns that text into
 IDs (prompts encoded whole, boundaries through the tokenizer's offsets), `audit` compares and
@@ -14,6 +16,8 @@ counts; `TokenBuilder` assembles samples and `run_tokens` is the stage's job.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import multiprocessing
 import os
@@ -23,6 +27,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from eagle3_datagen.chat.gates import GateMarkers, Gates, GateSettings, console_line, pooled
 from eagle3_datagen.chat.template import (
     SpecialTokens,
     load_tokenizer,
@@ -30,7 +35,7 @@ from eagle3_datagen.chat.template import (
     tools_rendering,
 )
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
-from eagle3_datagen.formats.files import read_jsonl, write_json, write_jsonl_zst
+from eagle3_datagen.formats.files import read_json, read_jsonl, write_json, write_jsonl_zst
 from eagle3_datagen.formats.histograms import histogram
 from eagle3_datagen.progress import Progress
 from eagle3_datagen.stages.tokens.audit import Audit, AuditFailure
@@ -46,7 +51,7 @@ class TokenSettings:
 
     thinking: str
     prefer_ids: str  # "server" | "text"
-    keep_truncated: bool
+    gates: GateSettings
     loss_turns: str  # "all" | "last"
     max_length: int
     length_policy: str  # "truncate" | "drop"
@@ -56,7 +61,8 @@ class TokenSettings:
     @classmethod
     def from_config(cls, section: dict) -> TokenSettings:
         """From the validated config's `tokens` section, where validation filled every default."""
-        return cls(**{name: section[name] for name in cls.__dataclass_fields__})
+        settings = {name: section[name] for name in cls.__dataclass_fields__}
+        return cls(**{**settings, "gates": GateSettings.from_config(section["gates"])})
 
 
 class TokenBuilder:
@@ -66,8 +72,9 @@ class TokenBuilder:
     it: the server's IDs when it returned them, else the turn rebuilt from text in the model's
     own format. Where the turns lie is `turns.TurnLocator`'s (rendering with `tokenizer`, its own
     `apply_chat_template`, tools included); their IDs are `encoding.PlanEncoder`'s (`encoder`, by
-    default the same tokenizer, checked against `reference` when given); this class assembles IDs
-    and loss mask, audits rebuilt IDs against the server's, and applies the length policy.
+    default the same tokenizer, checked against `reference` when given); this class applies the
+    quality gates (with the markers of `tokenizer` and its template), assembles IDs and loss mask,
+    audits rebuilt IDs against the server's, and applies the length policy.
     """
 
     def __init__(
@@ -81,8 +88,9 @@ class TokenBuilder:
         reference: PreTrainedTokenizerBase | None = None,
     ):
         self.locator = TurnLocator(
-            tokenizer, specials, settings.thinking, settings.keep_truncated, settings.loss_turns, template_kwargs
+            tokenizer, specials, settings.thinking, settings.loss_turns, template_kwargs
         )
+        self.gates = Gates(settings.gates, GateMarkers.of(tokenizer, specials, template_kwargs))
         self.encoding = PlanEncoder(encoder or tokenizer, reference, boundaries)
         self.tokenizer = tokenizer
         self.specials = specials
@@ -95,8 +103,10 @@ class TokenBuilder:
         return self.samples_for_rows([row])
 
     def samples_for_rows(self, rows: list[dict]) -> list[dict]:
-        """The training samples of `rows`, in order, encoded in one batch."""
-        plans = [plan for row in rows for plan in self.locator.plans(row, self.audit.counts)]
+        """The training samples of `rows` that the gates pass, in order, encoded in one batch."""
+        self.audit.counts["rows_in"] += len(rows)
+        passed = self.audit.gated.check(self.gates, rows)
+        plans = [plan for row in passed for plan in self.locator.plans(row, self.audit.counts)]
         if not plans:
             return []
         encoded = self.encoding.encode(plans, self.audit.counts)
@@ -142,12 +152,16 @@ class TokenBuilder:
 
     def report(self) -> dict:
         return {
-            "settings": self.settings.__dict__,
+            "settings": dataclasses.asdict(self.settings),
             "tokenizer": self.describe_tokenizer(),
             "boundaries": self.encoding.boundaries,
             "tools_rendering": self.tools_rendering,
             "special_tokens": self.specials.as_dict(),
             "counts": dict(sorted(self.audit.counts.items())),
+            "gates": {
+                **self.audit.gated.report(self.settings.gates),
+                "markers": dataclasses.asdict(self.gates.markers),
+            },
             "audit": self.audit.summary(),
         }
 
@@ -239,6 +253,10 @@ def build_samples(
     return samples, builder.report()
 
 
+class NothingTrained(RuntimeError):
+    """A shard with response rows of which none is trained: its failures and gates say why."""
+
+
 def run_tokens(
     responses_path: str | Path,
     out_path: str | Path,
@@ -249,6 +267,8 @@ def run_tokens(
     workers: int = 1,
 ) -> dict:
     samples, report = build_samples(read_jsonl(responses_path), model_path, model_settings, settings, workers)
+    gates = report["gates"]
+    log.info("%s", console_line(str(responses_path), gates))
     rate = report["audit"]["semantic_rate"]
     if rate > settings.max_semantic_mismatch_rate:
         log.error("audit: %s", report["audit"])
@@ -258,6 +278,16 @@ def run_tokens(
             f"tokens.max_semantic_mismatch_rate={settings.max_semantic_mismatch_rate}. The chat template or "
             "the response parsing does not match what the model generated; see the examples in the log"
         )
+    if gates["rows"] and not samples:
+        # An empty shard would flow through hidden states, probe and exports as if all were well.
+        log.info("dropped rows: %s", json.dumps(gates["dropped"]))
+        why = ", ".join(f"{reason} {n}" for reason, n in gates["counts"].items() if n) or "none dropped by a gate"
+        raise NothingTrained(
+            f"{responses_path}: none of its {gates['rows']} response rows is trained ({why}; token counts: "
+            f"{json.dumps({k: v for k, v in report['counts'].items() if k.startswith('dropped_')})}). Fix the "
+            "responses (rerun them, raise inference.sampling.max_new_tokens) or turn the gate off under "
+            "tokens.gates; each row's reasons are in this job's log"
+        )
     report["lengths"] = {
         "sample_tokens": histogram(len(s["input_ids"]) for s in samples),
         "loss_tokens": histogram(sum(s["loss_mask"]) for s in samples),
@@ -265,3 +295,11 @@ def run_tokens(
     write_jsonl_zst(out_path, samples)
     write_json(audit_path, report)
     return report
+
+
+def finished_gates(tokens_dir: str | Path) -> dict:
+    """The gates of a partition's tokens shards finished so far (their audits in `tokens_dir`), pooled,
+    with how many shards that is (`shards`)."""
+    reports = [read_json(p).get("gates") for p in sorted(Path(tokens_dir).glob("*.audit.json"))]
+    reports = [r for r in reports if r]
+    return {**pooled(reports), "shards": len(reports)}

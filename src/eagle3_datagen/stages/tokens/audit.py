@@ -1,4 +1,5 @@
-"""The tokens stage's audit: IDs rebuilt from text against the server's IDs, and the shard's counts."""
+"""The tokens stage's audit: IDs rebuilt from text against the server's IDs, the shard's counts, and
+what the quality gates dropped."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
+
+from eagle3_datagen.chat.gates import GateTally
 
 
 class AuditFailure(RuntimeError):
@@ -19,6 +22,7 @@ class Audit:
     counts: Counter = field(default_factory=Counter)
     comparisons: Counter = field(default_factory=Counter)
     examples: list = field(default_factory=list)
+    gated: GateTally = field(default_factory=GateTally)
 
     def compare(
         self,
@@ -55,6 +59,7 @@ class Audit:
     def merge(self, other: Audit, keep_examples: int) -> None:
         self.counts.update(other.counts)
         self.comparisons.update(other.comparisons)
+        self.gated.merge(other.gated)
         for example in other.examples:
             self._keep_example(example, keep_examples)
 

@@ -47,8 +47,10 @@ class TurnPlan:
 class TurnLocator:
     """Response rows -> `TurnPlan`s, rendered with the model's own tokenizer and template.
 
-    `thinking` (`keep_last`, `keep_all`, `drop`), `keep_truncated` and `loss_turns` (`all`, `last`)
-    are the tokens stage's settings; `template_kwargs` are the model's `chat_template_kwargs`.
+    `thinking` (`keep_last`, `keep_all`, `drop`) and `loss_turns` (`all`, `last`) are the tokens
+    stage's settings; `template_kwargs` are the model's `chat_template_kwargs`. Which rows are trained
+    at all is the gates' (`gates.Gates`): a row here is trained, a cut-off last turn (a truncated
+    row the gates keep) without its end-of-turn token.
     """
 
     def __init__(
@@ -56,7 +58,6 @@ class TurnLocator:
         tokenizer: PreTrainedTokenizerBase,
         specials: SpecialTokens,
         thinking: str,
-        keep_truncated: bool,
         loss_turns: str,
         template_kwargs: dict | None = None,
     ):
@@ -67,7 +68,6 @@ class TurnLocator:
         self.tokenizer = tokenizer
         self.specials = specials
         self.thinking = thinking
-        self.keep_truncated = keep_truncated
         self.loss_turns = loss_turns
         self.template_kwargs = template_kwargs or {}
         self._empty_think = None
@@ -78,14 +78,8 @@ class TurnLocator:
         return render_text(self.tokenizer, messages, add_generation_prompt, self.template_kwargs, tools)
 
     def plans(self, row: dict, counts: Counter) -> list[TurnPlan]:
-        """The samples one response row is trained as (none when it is dropped; `counts` says why)."""
-        counts["rows_in"] += 1
-        if row["status"] in ("failed", "malformed"):
-            counts[f"dropped_{row['status']}"] += 1
-            return []
-        if row["status"] == "truncated" and not self.keep_truncated:
-            counts["dropped_truncated"] += 1
-            return []
+        """The samples one response row (that the gates passed) is trained as (none when it has no
+        assistant turn; `counts` says so)."""
         messages = row["messages"]
         tools = row.get("tools")
         if tools:
