@@ -237,6 +237,7 @@ def runner_job_settings(model_dir, **hidden) -> dict:
             **hidden,
         },
         "tensor_parallel": 1,
+        "handover": defaults("resources.handover"),
     }
 
 

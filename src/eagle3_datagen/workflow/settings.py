@@ -160,13 +160,19 @@ def dataset_settings(config: dict, partition: str) -> dict:
 
 
 def response_run_settings(config: dict) -> dict:
-    """What governs a responses job, for every backend (a job reads its own backend's), and the GPUs a
-    launched server's job step asks for under SLURM."""
+    """What governs a responses job, for every backend (a job reads its own backend's), the GPUs a
+    launched server's job step asks for under SLURM, and how it waits for their memory."""
     inference = config["inference"]
     # openrouter has settings without a default: absent where no partition uses it
     run = {b: split(inference.get(b), f"inference.{b}")[1] for b in BACKENDS}
+    resources = config["resources"]
     # no token_budget: no budget
-    return {"token_budget": inference.get("token_budget"), "gpus": config["resources"]["gpus_per_node"], **run}
+    return {
+        "token_budget": inference.get("token_budget"),
+        "gpus": resources["gpus_per_node"],
+        "handover": resources["handover"],
+        **run,
+    }
 
 
 def served_by_launched_server(config: dict, partition: str) -> bool:
@@ -189,10 +195,12 @@ def hidden_settings(config: dict) -> dict:
 
 
 def hidden_run_settings(config: dict) -> dict:
-    """The capture's run-only settings and the GPUs its runner takes: SGLang's tensor-parallel size."""
+    """The capture's run-only settings, the GPUs its runner takes (SGLang's tensor-parallel size) and how it
+    waits for their memory."""
     return {
         "hidden_states": split(config["hidden_states"], "hidden_states")[1],
         "tensor_parallel": gpus_for(config, "hidden_states") or 1,
+        "handover": config["resources"]["handover"],
     }
 
 
