@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eagle3_datagen.formats.files import iter_records
+
 REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tests.skip_policy", "pytester", "tests.slurm"]
 WORKFLOW_FILES = [
@@ -77,6 +79,24 @@ def copy_workflow(dest: Path) -> Path:
     if (REPO / ".venv-specforge" / ".installed").exists():
         (dest / ".venv-specforge").symlink_to(REPO / ".venv-specforge")
     return dest
+
+
+# The records of each Kimi example partition's dataset (tests/fixtures/realdata), as its source.
+KIMI_SOURCES = {
+    "glaive-function-calling-v2.json": "glaive_function_calling_v2.jsonl",
+    "magicoder-evol-instruct-110k.jsonl": "magicoder_evol_instruct_110k.jsonl",
+    "magicoder-oss-instruct-75k.jsonl": "magicoder_oss_instruct_75k.jsonl",
+}
+
+
+def kimi_sources(work: Path) -> None:
+    """The Kimi configs' sources under `work`: real records of each dataset (tests/fixtures/realdata)."""
+    for name, records in KIMI_SOURCES.items():
+        rows = [record for _, record in iter_records(REPO / "tests/fixtures/realdata" / records)]
+        target = work / "data/raw" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(rows) if name.endswith(".json") else "".join(json.dumps(r) + "\n" for r in rows)
+        target.write_text(text)
 
 
 def run(cmd: list[str] | str, cwd: Path, check=True, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:

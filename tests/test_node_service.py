@@ -11,8 +11,8 @@ memory comes from a stand-in `nvidia-smi` on PATH (tests/doubles/nvidia_smi.py),
 
 import json
 import os
-import signal
 import re
+import signal
 import socket
 import subprocess
 import sys

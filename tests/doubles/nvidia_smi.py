@@ -15,7 +15,8 @@ import time
 
 
 def main() -> None:
-    state = json.loads(open(os.environ["E3DG_NVIDIA_SMI_STATE"]).read())
+    with open(os.environ["E3DG_NVIDIA_SMI_STATE"]) as f:
+        state = json.load(f)
     now = time.time()
     holding = [h for h in state["holders"] if h["freed_at"] is None or now < h["freed_at"]]
     query = next(a for a in sys.argv[1:] if a.startswith("--query-"))

@@ -12,8 +12,9 @@ when asked (`lease.request_stop`: the workflow's onsuccess/onerror where Snakema
 and on SIGTERM. A service on GPUs starts only once their memory is free (`gpus`: the processes of
 the one before can hold it for a while after they were killed); one that fails to start leaves its
 reason for its jobs (`record.record_failure`). A job killed with -9 counts as gone (its pid is dead),
-so a rerun finds the service still up and uses it again. A service with a health URL that stops answering it for `hang_timeout`
-seconds once ready (it accepts connections and never answers) is taken as hung and killed; a service
+so a rerun finds the service still up and uses it again. A service with a health URL that stops
+answering it for `hang_timeout` seconds once ready (it accepts connections and never answers) is
+taken as hung and killed; a service
 that exits (or is killed) takes its record with it, so its jobs see it gone (`Lease.running`) and may
 start a fresh one.
 

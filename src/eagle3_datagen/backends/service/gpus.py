@@ -65,7 +65,8 @@ def _query(*args: str) -> list[list[str]]:
             [NVIDIA_SMI, *args, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=60
         )
     except subprocess.TimeoutExpired:
-        raise ServiceError(f"{NVIDIA_SMI} {' '.join(args)} did not answer within 60 s: the GPU driver is stuck") from None
+        stuck = f"{NVIDIA_SMI} {' '.join(args)} did not answer within 60 s: the GPU driver is stuck"
+        raise ServiceError(stuck) from None
     if out.returncode != 0:
         raise ServiceError(f"{NVIDIA_SMI} {' '.join(args)} failed ({out.returncode}): {out.stderr.strip()}")
     return [[field.strip() for field in row] for row in csv.reader(out.stdout.splitlines()) if row]
@@ -133,6 +134,7 @@ def wait_for_free_memory(timeout: float, max_used_mib: int, what: str) -> float:
                 "and rerun; resources.handover sets the wait and the MiB a GPU may still use"
             )
         if reported is None or time.monotonic() - reported > REPORT_EVERY_S:
-            log.info("waiting for the GPUs' memory before the %s starts: %s", what, describe_busy(still, query_holders(), gpus))
+            held = describe_busy(still, query_holders(), gpus)
+            log.info("waiting for the GPUs' memory before the %s starts: %s", what, held)
             reported = time.monotonic()
         time.sleep(POLL_S)
