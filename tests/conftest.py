@@ -120,7 +120,7 @@ def scheduled(output: str) -> list[tuple[str, str]]:
 
 
 # Fixtures that run the workflow (or a model fit) end to end: a test that takes one is in a file marked e2e.
-E2E_FIXTURES = {"demo_dir", "production_dir", "tiny_kimi_dir", "tiny_kimi_responses"}
+E2E_FIXTURES = {"demo_dir", "production_dir", "tiny_kimi_dir", "tiny_kimi_smoke"}
 
 
 def pytest_addoption(parser):
