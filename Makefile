@@ -106,5 +106,5 @@ lint: install ## ruff, snakefmt and snakemake --lint
 	snakefmt --check Snakefile rules
 	snakemake --lint
 
-clean: ## remove results, logs, benchmarks and .snakemake
-	rm -rf results logs benchmarks .snakemake
+clean: ## remove results, logs, benchmarks, .snakemake and the shard jobs' leases
+	rm -rf results logs benchmarks .snakemake .leases

@@ -99,10 +99,13 @@ onstart:
             warn=logger.warning,
             error_type=WorkflowError,
         )
-    # A request no node can meet fails here, before any sbatch, instead of pending forever.
+    # A request no node can meet, or under an account or QoS that is not the user's, fails here, before any
+    # sbatch, instead of pending forever or failing with the first GPU job.
     if workflow.executor_plugin and workflow.executor_plugin.name == "slurm":
         cluster_fit.check(
-            cluster_fit.scheduled_requests(workflow.dag), cluster_fit.read_nodes()
+            cluster_fit.scheduled_requests(workflow.dag),
+            cluster_fit.read_nodes(),
+            cluster_fit.read_associations(),
         )
 
 

@@ -131,7 +131,31 @@ SERVER_LOG = "logs/sglang_server/server.log"
 HIDDEN_GPUS = wf.gpus_for(config, "hidden_states")
 HIDDEN_SGLANG = config["hidden_states"]["backend"] == "sglang"
 HIDDEN_ENV = "../envs/sglang.yaml" if HIDDEN_SGLANG else "../envs/cpu.yaml"
-# What the heavy rules' cluster jobs ask for; other jobs take the profile's default-resources.
+# Where each job goes under SLURM (resources.slurm: partition, QoS, account): a CPU job's, and per partition a
+# responses job's (a GPU one's where its backend runs on the node's GPUs). Every rule asks for these; the sizes
+# of jobs other than the heavy rules' below come from the profile's default-resources.
+CPU_JOB = wf.slurm_resources(config, 0)
+RESPONSE_SLURM = {
+    p: wf.slurm_resources(config, RESPONSE_GPUS[p]) for p in ALL_PARTITIONS
+}
+
+
+# Under a cluster executor each GPU stage's shard jobs spread over resources.nodes nodes: its group (profiles/slurm's
+# one allocation per node, one model load) takes ceil(scheduled shards / nodes) of them per group job. A group job's
+# own Snakemake runs its jobs one by one, outside any group.
+def gpu_group(name, rule):
+    def group(wildcards):
+        if workflow.remote_exec:
+            return None
+        wf.spread_over_nodes(workflow, name, rule, config["resources"]["nodes"])
+        return name
+
+    return group
+
+
+GENERATION_GROUP = gpu_group("generation", "responses_sglang_server")
+CAPTURE_GROUP = gpu_group("capture", "hidden_states")
+# What the heavy rules' cluster jobs ask for, their partition, QoS and account included.
 JOB_RESOURCES = {
     "hidden_states": wf.cluster_job(config, "hidden_states", HIDDEN_GPUS),
     "responses_sglang_server": wf.cluster_job(
@@ -150,6 +174,7 @@ PROBE_SETTINGS = {p: wf.as_json(wf.probe_settings(config, p)) for p in PARTITION
 EVALUATE_SETTINGS = wf.evaluate_settings(config)
 # evaluate.device: cuda trains each draft on one GPU of the node (run-only: a resource, not a param)
 EVALUATE_GPUS = int("evaluate" in config and config["evaluate"]["device"] == "cuda")
+EVALUATE_SLURM = wf.slurm_resources(config, EVALUATE_GPUS)
 # Per partition, and a draft on every partition's exports together where there are several.
 EVALUATE_OUTPUTS = (
     expand("results/{p}/evaluate/acceptance.json", p=PARTITIONS)
@@ -206,9 +231,10 @@ def get_response_gpus(wildcards):
     return RESPONSE_GPUS[wildcards.partition]
 
 
-def get_response_slurm_partition(wildcards):
-    """GPU jobs go to the cluster's GPU partition, API clients and CPU work to the CPU one."""
-    return "gpu" if RESPONSE_GPUS[wildcards.partition] else "cpu"
+def get_response_slurm(key):
+    """The responses job's SLURM resource `key` (resources.slurm): GPU jobs go to the GPU partition, API
+    clients and CPU work to the CPU one (None: not asked for)."""
+    return lambda wildcards: RESPONSE_SLURM[wildcards.partition].get(key)
 
 
 def get_partition_stage_files(wildcards):

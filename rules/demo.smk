@@ -14,6 +14,8 @@ if "demo" in config:
         conda:
             "../envs/cpu.yaml"
         threads: 2
+        resources:
+            **CPU_JOB,
         params:
             settings=wf.as_json(config["demo"]),
             partitions=wf.as_json(wf.demo_fit_partitions(config)),

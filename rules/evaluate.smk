@@ -12,6 +12,8 @@ rule evaluate_holdout:
         "benchmarks/{partition}/evaluate/holdout.tsv"
     conda:
         "../envs/cpu.yaml"
+    resources:
+        **CPU_JOB,
     params:
         holdout=EVALUATE_SETTINGS.get("holdout"),
         seed=EVALUATE_SETTINGS.get("seed"),
@@ -42,8 +44,8 @@ rule evaluate:
     conda:
         "../envs/specforge.yaml"
     resources:
+        **EVALUATE_SLURM,
         gpu=EVALUATE_GPUS,
-        slurm_partition="gpu" if EVALUATE_GPUS else "cpu",
     params:
         name=lambda wildcards: wildcards.partition,
         settings=wf.as_json(EVALUATE_SETTINGS),

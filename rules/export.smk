@@ -18,6 +18,8 @@ rule export:
         format="specforge|speculators",
     conda:
         "../envs/cpu.yaml"
+    resources:
+        **CPU_JOB,
     params:
         model=get_model_path,
         vocab=VOCAB_OPTIONS,

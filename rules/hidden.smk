@@ -8,13 +8,14 @@ rule hidden_states:
         "logs/{partition}/hidden/{shard}.log",
     benchmark:
         "benchmarks/{partition}/hidden/{shard}.tsv"
+    group:
+        CAPTURE_GROUP
     conda:
         HIDDEN_ENV
     threads: 2
     resources:
         **JOB_RESOURCES["hidden_states"],
         gpu=HIDDEN_GPUS,
-        slurm_partition="gpu" if HIDDEN_GPUS else "cpu",
     params:
         settings=HIDDEN_SETTINGS,
     shell:

@@ -13,6 +13,8 @@ rule probe:
     conda:
         "../envs/cpu.yaml"
     threads: 2
+    resources:
+        **CPU_JOB,
     params:
         settings=get_probe_settings,
     shell:

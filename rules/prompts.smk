@@ -25,6 +25,8 @@ for partition in PARTITIONS:
             f"benchmarks/{partition}/prompts.tsv"
         conda:
             "../envs/cpu.yaml"
+        resources:
+            **CPU_JOB,
         params:
             settings=wf.as_json(
                 wf.prompt_settings(config, partition, SOURCE_COMMITS.get(partition))

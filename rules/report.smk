@@ -9,6 +9,8 @@ rule partition_summary:
         "benchmarks/{partition}/summary.tsv"
     conda:
         "../envs/cpu.yaml"
+    resources:
+        **CPU_JOB,
     shell:
         logged(
             "python scripts/partition_summary.py --partition {wildcards.partition} "
@@ -37,6 +39,8 @@ rule summary:
         "benchmarks/report/summary.tsv"
     conda:
         "../envs/cpu.yaml"
+    resources:
+        **CPU_JOB,
     params:
         partitions=PARTITION_SET,
         # how many of the prompt shards, in order, are each partition's

@@ -23,7 +23,9 @@ rule responses:
     threads: 2
     resources:
         gpu=get_response_gpus,
-        slurm_partition=get_response_slurm_partition,
+        slurm_partition=get_response_slurm("slurm_partition"),
+        qos=get_response_slurm("qos"),
+        slurm_account=get_response_slurm("slurm_account"),
     params:
         settings=get_response_settings,
         server_log=SERVER_LOG,
@@ -44,7 +46,8 @@ use rule responses as responses_sglang_server with:
         ),
     # Before the capture jobs that want the same GPUs: every ready shard, then the server stops.
     priority: 10
+    group:
+        GENERATION_GROUP
     resources:
         **JOB_RESOURCES["responses_sglang_server"],
         gpu=config["resources"]["gpus_per_node"],
-        slurm_partition="gpu",

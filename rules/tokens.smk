@@ -12,6 +12,8 @@ rule tokens:
     conda:
         "../envs/cpu.yaml"
     threads: 4
+    resources:
+        **CPU_JOB,
     params:
         settings=TOKEN_SETTINGS,
     shell:

@@ -12,6 +12,8 @@ rule vocab_mapping:
         "benchmarks/vocab/vocab_mapping.tsv"
     conda:
         "../envs/cpu.yaml"
+    resources:
+        **CPU_JOB,
     params:
         partitions=PARTITION_SET,
         # without vocab_mapping the rule is no target, and its params are never read

@@ -3,9 +3,11 @@
 
 Several --prompts/--out/--stats triples are answered in turn. With a launched SGLang server, the
 job uses the node's shared server (started by the first shard job on the node, stopped when idle).
+Another copy of the same job (a restarted controller's) waits until this one is done.
 """
 
 from eagle3_datagen import cli
+from eagle3_datagen.formats.shard_lease import one_copy
 from eagle3_datagen.stages.responses.job import JobError, run_response_job
 
 
@@ -20,7 +22,9 @@ def main() -> None:
     if not len(args.prompts) == len(args.out) == len(args.stats):
         p.error("--prompts, --out and --stats need one path per shard each")
     shards = list(zip(args.prompts, args.out, args.stats, strict=True))
-    run_response_job(shards, args.settings, args.server_log, args.run_settings)
+    with one_copy([*args.out, *args.stats], args.prompts) as done:
+        if not done:
+            run_response_job(shards, args.settings, args.server_log, args.run_settings)
 
 
 if __name__ == "__main__":

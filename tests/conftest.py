@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eagle3_datagen.formats.files import iter_records
+
 REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tests.skip_policy", "pytester", "tests.slurm"]
 WORKFLOW_FILES = [
@@ -79,6 +81,24 @@ def copy_workflow(dest: Path) -> Path:
     return dest
 
 
+# The records of each Kimi example partition's dataset (tests/fixtures/realdata), as its source.
+KIMI_SOURCES = {
+    "glaive-function-calling-v2.json": "glaive_function_calling_v2.jsonl",
+    "magicoder-evol-instruct-110k.jsonl": "magicoder_evol_instruct_110k.jsonl",
+    "magicoder-oss-instruct-75k.jsonl": "magicoder_oss_instruct_75k.jsonl",
+}
+
+
+def kimi_sources(work: Path) -> None:
+    """The Kimi configs' sources under `work`: real records of each dataset (tests/fixtures/realdata)."""
+    for name, records in KIMI_SOURCES.items():
+        rows = [record for _, record in iter_records(REPO / "tests/fixtures/realdata" / records)]
+        target = work / "data/raw" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(rows) if name.endswith(".json") else "".join(json.dumps(r) + "\n" for r in rows)
+        target.write_text(text)
+
+
 def run(cmd: list[str] | str, cwd: Path, check=True, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env or {}), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -100,7 +120,7 @@ def scheduled(output: str) -> list[tuple[str, str]]:
 
 
 # Fixtures that run the workflow (or a model fit) end to end: a test that takes one is in a file marked e2e.
-E2E_FIXTURES = {"demo_dir", "production_dir", "tiny_kimi_dir", "tiny_kimi_responses"}
+E2E_FIXTURES = {"demo_dir", "production_dir", "tiny_kimi_dir", "tiny_kimi_smoke"}
 
 
 def pytest_addoption(parser):
@@ -242,6 +262,7 @@ def runner_job_settings(model_dir, **hidden) -> dict:
             **hidden,
         },
         "tensor_parallel": 1,
+        "handover": defaults("resources.handover"),
     }
 
 

@@ -32,7 +32,8 @@ def test_requests_no_node_can_meet_are_named_with_the_fix():
     no_such = cluster_fit.Request("rule export", "bigmem", 1, 1, 1, 0)
     found = cluster_fit.problems([too_many_cpus, too_long, gpus_on_cpu, gpus_on_gpu, no_such], nodes)
     assert found == [
-        "rule export: partition 'bigmem' does not exist (cpus_per_task=1, mem_mb=1, runtime=1, gpu=0)",
+        "rule export: partition 'bigmem' does not exist (cpus_per_task=1, mem_mb=1, runtime=1, gpu=0); sinfo lists "
+        "cpu, gpu (resources.slurm.gpu.partition, .cpu.partition)",
         "rule hidden_states asks partition 'cpu' for cpus_per_task=32, mem_mb=3000, runtime=30, gpu=0; "
         "its largest node has 2 CPUs, 22000 MB, 0 GPUs, time limit 60",
         "rule probe asks partition 'cpu' for cpus_per_task=1, mem_mb=3000, runtime=61, gpu=0; "
@@ -42,6 +43,31 @@ def test_requests_no_node_can_meet_are_named_with_the_fix():
     ]
     with pytest.raises(cluster_fit.UnsatisfiableRequest, match="resources.jobs.<rule>"):
         cluster_fit.check([too_many_cpus], nodes)
+
+
+def test_an_account_or_qos_the_user_may_not_use_there_is_named():
+    """As `sacctmgr -n -P show assoc user=USER format=account,partition,qos` lists them (the SLURM test
+    cluster's, tests/slurm/cluster.sh: llm-team may use gpu-week anywhere; a partition-bound one too)."""
+    associations = cluster_fit.parse_associations("root||gpu-week,normal\nllm-team||gpu-week,normal\nbio|cpu|normal\n")
+    assert associations[0] == cluster_fit.Association("root", None, frozenset({"gpu-week", "normal"}))
+    nodes = cluster_fit.parse_sinfo("cpu*|2|22000|(null)|infinite\nh200|96|2000000|gpu:8|2-00:00:00\n")
+    ok = cluster_fit.Request("group capture (8 jobs)", "h200", 64, 1000, 2400, 8, "llm-team", "gpu-week")
+    assert cluster_fit.problems([ok], nodes, associations) == []
+    any_case = cluster_fit.Request("rule tokens", None, 1, 1, 1, 0, "LLM-team")
+    assert cluster_fit.problems([any_case], nodes, associations) == []
+    wrong_account = cluster_fit.Request("rule tokens", "cpu", 1, 1, 1, 0, "llm-taem")
+    wrong_qos = cluster_fit.Request("group capture (8 jobs)", "h200", 64, 1000, 2400, 8, "llm-team", "gpu-weak")
+    bound = cluster_fit.Request("rule export", "h200", 1, 1, 1, 0, "bio")
+    assert cluster_fit.problems([wrong_account, wrong_qos, bound], nodes, associations) == [
+        "group capture (8 jobs) asks for QoS 'gpu-weak' on partition 'h200' under account 'llm-team'; your "
+        "associations allow gpu-week, normal (resources.slurm.gpu.qos, .cpu.qos)",
+        "rule export asks for account 'bio' on partition 'h200'; your associations (sacctmgr) there are llm-team, root "
+        "(resources.slurm.account)",
+        "rule tokens asks for account 'llm-taem' on partition 'cpu'; your associations (sacctmgr) there are bio, "
+        "llm-team, root (resources.slurm.account)",
+    ]
+    # without accounting (no sacctmgr, or no association) nothing of this is checked
+    assert cluster_fit.problems([wrong_account], nodes, None) == []
 
 
 def test_production_job_sizes_are_the_schema_defaults():

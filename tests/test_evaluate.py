@@ -4,6 +4,8 @@ SpecForge's venv: tests/trainers/test_evaluate.py)."""
 
 import io
 import json
+import logging
+import sys
 
 import pytest
 import torch
@@ -19,10 +21,10 @@ from eagle3_datagen.stages.evaluate.measure import (
     held_out_prompt,
     held_out_samples,
 )
-from eagle3_datagen.stages.evaluate.serving import eagle3_launch_args, sglang_acceptance
+from eagle3_datagen.stages.evaluate.serving import eagle3_launch_args, sglang_acceptance, sglang_eagle3_acceptance
 from eagle3_datagen.stages.evaluate.speculative import AcceptanceTooLow, Decoded, acceptance_length, check_acceptance
 
-from .conftest import REPO, defaults
+from .conftest import REPO, defaults, free_port
 
 
 def test_the_held_out_prompt_is_everything_before_the_last_answer():
@@ -111,6 +113,28 @@ def test_the_gpu_paths_launch_flags_and_acceptance_from_sglangs_meta_info():
     assert figures["per_prompt"] == [3.0, 1.0]
     with pytest.raises(ValueError, match="was the server started with EAGLE3"):
         sglang_acceptance([{"completion_tokens": 3, "spec_verify_ct": 0}])
+
+
+def test_eagle3_serving_launches_the_draft_and_measures_sglangs_figures(tmp_path, qwen_tokenizer, caplog):
+    """The GPU path's client (scripts/serve_draft.py; SGLang's EAGLE3 needs a GPU, none here): the server is
+    launched with the draft's EAGLE3 flags, each prompt decoded greedily, and SGLang's per-request figures
+    summed. The server is the loopback stand-in in sglang.launch_server's place, reporting EAGLE3's figures."""
+    qwen_tokenizer.save_pretrained(tmp_path / "target")
+    launch = defaults("inference.sglang.launch", command=[sys.executable, "-m", "tests.doubles.loopback"])
+    settings = defaults("evaluate", max_new_tokens=9)
+    prompts = [qwen_tokenizer("Hello there")["input_ids"], qwen_tokenizer("A longer question, please")["input_ids"]]
+    url = f"http://127.0.0.1:{free_port()}"
+    log = tmp_path / "server.log"
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    with caplog.at_level(logging.INFO):
+        figures = sglang_eagle3_acceptance(target, draft, prompts, settings, url, launch, log)
+    # 9 tokens a prompt ("Answer N of M." and the end of turn, cut at 9), a verify step per 4 (3 steps + 1)
+    assert figures["prompts"] == 2 and figures["verify_steps"] == 6 and figures["acceptance_length"] == 18 / 6
+    started = next(line for line in caplog.text.splitlines() if "starting the SGLang server" in line)
+    assert (
+        "--speculative-algorithm EAGLE3" in started
+        and f"--speculative-draft-model-path {tmp_path / 'draft'} --speculative-num-steps 3" in started
+    )
 
 
 def test_fewer_training_samples_than_a_batch_is_a_user_error_naming_the_export_and_the_fix(tmp_path):

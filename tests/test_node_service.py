@@ -1,28 +1,33 @@
 """The node's shared service: shard jobs (separate processes) start it once, reuse it, and it stops when
 idle, when asked, and on SIGTERM; a job killed with -9 does not keep it alive; a job that needs another
-service waits until the running one is unused, then replaces it.
+service waits until the running one is unused, then replaces it; a service on GPUs starts once their
+memory is free, or fails naming the processes that hold it.
 
 The server here is the loopback double (tests/doubles/loopback.py), launched as the workflow launches
 `sglang.launch_server`: these tests are about the processes' lifetimes, not SGLang.
-tests/real_sglang/test_workflow.py runs the real server this way.
+tests/real_sglang/test_workflow.py runs the real server this way. This machine has no GPU: the GPUs'
+memory comes from a stand-in `nvidia-smi` on PATH (tests/doubles/nvidia_smi.py), the one stand-in here.
 """
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import time
 from datetime import datetime
 
 import pytest
 
-from eagle3_datagen.backends.service import Service, launch
+from eagle3_datagen.backends.service import Service, gpus, launch
 from eagle3_datagen.backends.service.lease import request_stop
 from eagle3_datagen.backends.service.record import node_dir, pid_alive, running_record
 from eagle3_datagen.backends.service.supervise import healthy
 from eagle3_datagen.formats.files import read_jsonl
 
-from .conftest import REPO, defaults, free_port, wait_until
+from .conftest import REPO, defaults, free_port, runner_job_settings, wait_until
 
 JOB = """
 import sys, time
@@ -31,7 +36,7 @@ from eagle3_datagen.backends.sglang.server import server_service
 from eagle3_datagen.config_schema import fill_defaults
 launch = {"command": [sys.executable, "-m", "tests.doubles.loopback"], "health_timeout": 120, "idle_timeout": %r}
 launch = fill_defaults(launch, "inference.sglang.launch")
-with using(server_service(%r, %r, launch, %r)):
+with using(server_service(%r, %r, launch, %r, gpus=%r, handover=%r)):
     print("served", flush=True)
     time.sleep(%r)
 """
@@ -41,10 +46,11 @@ def supervisor() -> dict | None:
     return running_record(node_dir())
 
 
-def job(model_dir, url, log, hold_s=0.5, idle_s=8.0):
+def job(model_dir, url, log, hold_s=0.5, idle_s=8.0, gpus=0, handover=None, stderr=None):
     return subprocess.Popen(
-        [sys.executable, "-c", JOB % (idle_s, str(model_dir), url, str(log), hold_s)],
+        [sys.executable, "-c", JOB % (idle_s, str(model_dir), url, str(log), gpus, handover, hold_s)],
         stdout=subprocess.PIPE,
+        stderr=stderr,
         text=True,
         cwd=REPO,
     )
@@ -154,3 +160,92 @@ def test_under_slurm_the_supervisor_is_a_job_step_of_its_own(monkeypatch, tmp_pa
     assert launch.log_path("logs/capture_runner/runner.log").name == "runner.slurm-42.log"
     monkeypatch.delenv("SLURM_JOB_ID")
     assert launch.slurm_step(service) == []
+
+
+@pytest.fixture
+def stand_in_nvidia_smi(tmp_path, monkeypatch):
+    """A stand-in `nvidia-smi` first on PATH (no GPU here): two 80 GiB GPUs, GPU 1 held by the processes the
+    test writes into the returned state file."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\nexec {sys.executable} {REPO / "tests/doubles/nvidia_smi.py"} "$@"\n')
+    smi.chmod(0o755)
+    state = tmp_path / "gpus.json"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("E3DG_NVIDIA_SMI_STATE", str(state))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def holding(holders: list[dict]) -> None:
+        gpus_ = [{"index": i, "uuid": f"GPU-{i}", "total": 81559} for i in range(2)]
+        state.write_text(json.dumps({"gpus": gpus_, "holders": holders}))
+
+    return holding
+
+
+SCHEDULER = {"pid": 4242, "name": "sglang::scheduler_TP1", "used": 70000, "gpu": "GPU-1"}
+
+
+def test_a_server_on_gpus_starts_once_their_memory_is_freed(tmp_path, node, model_dir, url, stand_in_nvidia_smi):
+    """The processes of the service before still hold a GPU's memory when the next one is asked for: it
+    waits, saying who holds it, and starts once nvidia-smi reports the memory free."""
+    freed_at = time.time() + 5
+    stand_in_nvidia_smi([{**SCHEDULER, "freed_at": freed_at}])
+    log = tmp_path / "server.log"
+    started = time.time()
+    served = job(model_dir, url, log, hold_s=0, gpus=2, handover={"timeout": 60, "max_used_mib": 1024})
+    assert served.communicate(timeout=120)[0] == "served\n"
+    text = log.read_text()
+    assert (
+        "waiting for the GPUs' memory before the SGLang server starts: GPU 1 70000 of 81559 MiB in use, held by "
+        "pid 4242 (sglang::scheduler_TP1, 70000 MiB on GPU 1)"
+    ) in text
+    waited = float(re.search(r"the GPUs' memory is free after ([\d.]+) s; starting the SGLang server", text)[1])
+    assert 0 < waited < freed_at - started + 5
+    start = re.search(r"^(\S+ \S+) INFO \S+: starting the SGLang server on", text, re.M)[1]
+    assert datetime.strptime(start, "%Y-%m-%d %H:%M:%S,%f").timestamp() >= freed_at  # not before the free
+    # the load's seconds leave the wait out (the plan's load_seconds)
+    (load,) = read_jsonl(tmp_path / "loads.jsonl")
+    assert load["seconds"] < waited
+
+
+def test_a_server_on_gpus_whose_memory_is_never_freed_fails_naming_the_holders(
+    tmp_path, node, model_dir, url, stand_in_nvidia_smi
+):
+    stand_in_nvidia_smi([{**SCHEDULER, "freed_at": None}, {**SCHEDULER, "pid": 4243, "gpu": "GPU-0", "used": 3000,
+                                                           "name": "python3", "freed_at": None}])  # fmt: skip
+    log = tmp_path / "server.log"
+    failed = job(model_dir, url, log, gpus=2, handover={"timeout": 3, "max_used_mib": 1024}, stderr=subprocess.PIPE)
+    out, err = failed.communicate(timeout=120)
+    assert failed.returncode != 0 and out == ""
+    # the job says why, first: the supervisor's reason (record.failure), not a log's tail
+    assert (
+        "ServiceError: the GPUs' memory was not free after 3 s, so the SGLang server did not start: "
+        "GPU 0 3000 of 81559 MiB, GPU 1 70000 of 81559 MiB in use, held by "
+        "pid 4242 (sglang::scheduler_TP1, 70000 MiB on GPU 1); pid 4243 (python3, 3000 MiB on GPU 0). "
+        "Stop those processes (or wait for them to exit) and rerun"
+    ) in err, err
+    assert "starting the SGLang server on" not in log.read_text()  # never started
+    assert supervisor() is None and not healthy(url)
+
+
+def test_the_gpus_checked_are_those_cuda_visible_devices_names():
+    found = [gpus.Gpu(0, "GPU-aa", 0, 80), gpus.Gpu(1, "GPU-bb", 500, 80), gpus.Gpu(2, "GPU-cc", 9000, 80)]
+    assert gpus.visible(found, None) == found
+    assert gpus.visible(found, "0,2") == [found[0], found[2]]
+    assert gpus.visible(found, "GPU-bb") == [found[1]]
+    assert gpus.busy(found, 1024) == [found[2]]
+    assert gpus.describe_busy([found[2]], [], found) == (
+        "GPU 2 9000 of 80 MiB in use; nvidia-smi names no process (one of another container or user, or a driver leak)"
+    )
+
+
+def test_the_capture_runner_on_gpus_waits_for_their_memory_as_the_server_does(tmp_path):
+    """The runner is a service of the same supervisor: on GPUs (SGLang's ranks) it waits for their memory."""
+    from eagle3_datagen.stages.hidden.runner import runner_service
+
+    handover = {"timeout": 300, "max_used_mib": 1024}
+    settings = {**runner_job_settings(tmp_path), "tensor_parallel": 8, "handover": handover}
+    settings["hidden_states"] = {**settings["hidden_states"], "backend": "sglang"}
+    service = runner_service(settings, 4, "scripts/capture_runner.py")
+    assert (service.gpus, service.handover, service.command[0]) == (8, handover, "torchrun")

@@ -8,18 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_datagen.formats.files import iter_records
-
-from .conftest import REPO, copy_workflow, run
+from .conftest import copy_workflow, kimi_sources, run
 
 pytestmark = pytest.mark.e2e
-
-# The records of each Kimi example partition's dataset (tests/fixtures/realdata), as its source.
-KIMI_SOURCES = {
-    "glaive-function-calling-v2.json": "glaive_function_calling_v2.jsonl",
-    "magicoder-evol-instruct-110k.jsonl": "magicoder_evol_instruct_110k.jsonl",
-    "magicoder-oss-instruct-75k.jsonl": "magicoder_oss_instruct_75k.jsonl",
-}
 
 
 def plan(work: Path, *args: str, check=True):
@@ -45,12 +36,7 @@ def test_the_plan_on_a_fresh_demo_needs_no_built_model(tmp_path):
 
 def test_the_plan_on_a_kimi_config_without_the_model_counts_kimis_tokens(tmp_path):
     work = copy_workflow(tmp_path / "wf")
-    for name, records in KIMI_SOURCES.items():
-        rows = [record for _, record in iter_records(REPO / "tests/fixtures/realdata" / records)]
-        target = work / "data/raw" / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(rows) if name.endswith(".json") else "".join(json.dumps(r) + "\n" for r in rows)
-        target.write_text(text)
+    kimi_sources(work)
     args = ["--configfile", "config/kimi-k2.5-sglang.yaml", "--profile", "profiles/gpu", "--json"]
     out = json.loads(plan(work, *args).stdout)
     rows = {row["partition"]: row for row in out["partitions"]}

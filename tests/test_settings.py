@@ -67,6 +67,7 @@ def test_validated_config_holds_every_default_and_fill_alone_gives_the_same(name
 def test_params_carry_no_run_only_setting_and_the_job_gets_both():
     config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
     config["inference"]["token_budget"] = 10**9
+    config["resources"]["handover"] = {"timeout": 120, "max_used_mib": 512}
     params = json.dumps([wf.response_settings(config, "B1_glaive"), wf.hidden_settings(config)])
     for run_only in ('"concurrency"', '"run_args"', '"max_batch_tokens"', '"mem_fraction_static"', '"token_budget"'):
         assert run_only not in params
@@ -76,6 +77,8 @@ def test_params_carry_no_run_only_setting_and_the_job_gets_both():
     assert job["sglang"]["launch"]["run_args"] == ["--tp", "8"] and job["token_budget"] == 10**9
     hidden = wf.merged(wf.hidden_settings(config), wf.hidden_run_settings(config))
     assert hidden["hidden_states"]["max_batch_tokens"] == 65536 and hidden["tensor_parallel"] == 8
+    # the GPU handover: run-only, both services' jobs get it
+    assert job["handover"] == hidden["handover"] == {"timeout": 120, "max_used_mib": 512}
     assert hidden["hidden_states"]["sglang"] == {"mem_fraction_static": 0.8}
     with pytest.raises(KeyError, match="inference.sglang.tiers.short.typo"):
         wf.split({"tiers": {"short": {"typo": 1}}}, "inference.sglang")
@@ -237,6 +240,13 @@ def coverage_config(hidden_backend: str) -> dict:
     }
     config["resources"] = {
         "gpus_per_node": 8,
+        "nodes": 4,
+        "handover": {"timeout": 300, "max_used_mib": 1024},
+        "slurm": {
+            "account": "proj",
+            "gpu": {"partition": "gpu-h200", "qos": "week"},
+            "cpu": {"partition": "cpu", "qos": "normal"},
+        },
         "jobs": {
             job: {"mem_mb": 512000, "cpus_per_task": 32, "runtime": 1440}
             for job in ("hidden_states", "responses_sglang_server")
@@ -278,8 +288,8 @@ def covered(tmp_path_factory):
         (work / "cover.yaml").write_text(yaml.safe_dump(config))
         listing = snakemake(["-n", "--profile", "profiles/local", "--configfile", "cover.yaml"], work).stdout
         for line in listing.splitlines():
-            if line.startswith("    output: "):
-                for path in line.removeprefix("    output: ").split(", "):
+            if line.strip().startswith("output: "):  # a group job's are indented further
+                for path in line.strip().removeprefix("output: ").split(", "):
                     target = work / path
                     if "." in target.name:  # a file; directory() outputs are named without a suffix
                         target.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,10 @@ answer 402. A tool script makes the stand-in model call tools: after a user turn
 a script entry's `trigger`, `/generate` emits that call in the template's own tool-call markers
 and `/chat/completions` returns it in `message.tool_calls`; once a call follows the trigger it
 answers in text. `/generate` closes a think block its prompt opens. Runnable as a server
-(`python -m tests.doubles.loopback --help`), also in the place of `sglang.launch_server`.
+(`python -m tests.doubles.loopback --help`), also in the place of `sglang.launch_server`; started with
+`--speculative-algorithm EAGLE3` (and `--speculative-num-steps N`), `/generate` also reports the figures
+SGLang's EAGLE3 does (`spec_verify_ct`: a verify step per N + 1 tokens; `spec_accept_length`), so that
+a client of EAGLE3 serving runs where SGLang's EAGLE3 cannot (no GPU).
 """
 
 from __future__ import annotations
@@ -58,8 +61,10 @@ class Loopback:
         api_key: str | None = None,
         faults: FaultPlan | None = None,
         tool_script: list[ScriptedCall] = (),
+        speculative_steps: int | None = None,
     ):
         self.model_path = model_path
+        self.speculative_steps = speculative_steps
         self.tokenizer = tokenizer
         self.api_key = api_key
         self.faults = faults or FaultPlan()
@@ -144,6 +149,9 @@ class Loopback:
         self.completed[key] += 1
         self.status_counts["200"] += 1
         meta = {"finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": len(output)}
+        if self.speculative_steps:
+            verify = -(-len(output) // (self.speculative_steps + 1))
+            meta |= {"spec_verify_ct": verify, "spec_accept_length": len(output) / verify}
         return web.json_response({"text": "", "output_ids": output, "meta_info": meta})
 
     def _scripted_call(self, text: str, called_since) -> ScriptedCall | None:
@@ -230,6 +238,8 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--faults", type=json.loads, default={}, help="a FaultPlan as JSON")
     p.add_argument("--api-key-env", help="require the key held in this environment variable")
+    p.add_argument("--speculative-algorithm", help="EAGLE3: report SGLang's speculative decoding figures")
+    p.add_argument("--speculative-num-steps", type=int, default=3)
     args, _ignored = p.parse_known_args()  # in place of sglang.launch_server: ignore its other flags
     has_tokenizer = (Path(args.model_path) / "tokenizer_config.json").exists()
     loopback = Loopback(
@@ -237,6 +247,7 @@ def main() -> None:
         load_tokenizer(args.model_path) if has_tokenizer else None,
         os.environ.get(args.api_key_env) if args.api_key_env else None,
         FaultPlan(**args.faults),
+        speculative_steps=args.speculative_num_steps if args.speculative_algorithm == "EAGLE3" else None,
     )
     web.run_app(loopback.app(), host=args.host, port=args.port, print=None)
 

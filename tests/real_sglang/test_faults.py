@@ -90,6 +90,7 @@ def test_a_killed_and_a_hung_server_are_restarted_and_the_shard_loses_no_prompt(
             "inference.sglang",
         ),
         "gpus": 0,
+        "handover": fill_defaults({}, "resources.handover"),
     }
     job_log = tmp_path / "job.log"
     with open(job_log, "w") as stderr:
@@ -170,6 +171,7 @@ def test_a_rank_killed_mid_shard_ends_the_runner_and_the_job_and_the_rerun_keeps
         "model": fill_defaults({"path": str(tiny_model_dir)}, "model"),
         "hidden_states": {**RUNNER_SETTINGS, "runner": fill_defaults({"idle_timeout": 600}, "hidden_states.runner")},
         "tensor_parallel": 2,
+        "handover": fill_defaults({}, "resources.handover"),
     }
     out, partial = tmp_path / "out", tmp_path / ".out.partial"
     job = hidden_job(tmp_path, tmp_path / "t.jsonl.zst", out, job_settings)

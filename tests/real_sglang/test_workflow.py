@@ -12,6 +12,7 @@ partition does not refit it (the demo fits its model to every partition).
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -228,7 +229,7 @@ def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run
     finished = fingerprints(work, PARTITIONS)
     (work / "added.yaml").write_text(yaml.safe_dump(run_config({**PARTITIONS, **ADDED})))
     dry = snakemake_run(work, "added.yaml", "-n").stdout
-    jobs = [(b.split(":", 1)[0].strip(), b) for b in dry.split("\nrule ")[1:]]
+    jobs = [(b.split(":", 1)[0].strip(), b) for b in re.split(r"\n\s*rule ", dry)[1:]]  # a group's, indented
     responses = [b for rule, b in jobs if rule == "responses_sglang_server"]
     assert len(responses) == 2 and all("partition=demo_openai" in b for b in responses)
     assert not any(f"partition={p}" in b for _, b in jobs for p in PARTITIONS)

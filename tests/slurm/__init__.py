@@ -1,8 +1,9 @@
 """The single-node SLURM test cluster (cluster.sh) and what the tests that run on it share.
 
 cluster.sh starts Debian's slurm-wlm (slurmctld, slurmd), slurmdbd on a private MariaDB (the executor
-plugin reads job status with `sacct`) and munge, with a `cpu` and a `gpu` partition; the fixture stops
-every daemon by its pidfile, also when a test fails. The `gpu` partition's 8 GPUs are character
+plugin reads job status with `sacct`) and munge, with a `cpu` and a `gpu` partition, and docs/slurm.md's
+walk-through: its partition `h200` (this node and three that never start), account and QoS; the fixture
+stops every daemon by its pidfile, also when a test fails. The `gpu` partition's 8 GPUs are character
 devices without a GPU behind them: SLURM schedules, allocates and accounts them for real, the jobs
 compute on CPU (this machine has no GPU).
 """
@@ -19,7 +20,7 @@ from ..conftest import REPO, run
 CLUSTER = REPO / "tests/slurm/cluster.sh"
 SLURM_ARGS = [
     "--profile", "profiles/slurm",
-    "--default-resources", "mem_mb=3000", "runtime=30", "nodes=1", "slurm_partition=cpu",
+    "--default-resources", "mem_mb=3000", "runtime=30", "nodes=1",
     # The local demo runs with 2 cores, so no rule gets more threads there either.
     "--max-threads", "2",
     # The production profile's poll interval is Snakemake's default; a test waits less.
@@ -50,9 +51,10 @@ def slurm_cluster(tmp_path_factory):
 
 
 def sacct_jobs(*job_ids: str, steps: bool = False) -> list[dict]:
-    """Jobs (with `steps`, their steps too) that accounting knows: id, comment, name, partition, tres, node, state."""
-    keys = ["id", "comment", "name", "partition", "tres", "node", "state"]
-    fields = "JobID,Comment,JobName,Partition,AllocTRES,NodeList,State"
+    """Jobs (with `steps`, their steps too) that accounting knows: id, comment, name, partition, tres, node, state,
+    account, qos."""
+    keys = ["id", "comment", "name", "partition", "tres", "node", "state", "account", "qos"]
+    fields = "JobID,Comment,JobName,Partition,AllocTRES,NodeList,State,Account,QOS"
     which = ["-j", ",".join(job_ids)] if job_ids else []
     out = subprocess.run(
         ["sacct", "-a", *([] if steps else ["-X"]), "-n", "-P", "-o", fields, *which],

@@ -98,6 +98,8 @@ AccountingStorageHost=$NODE
 # sacct shows the GPUs a job held and its comment (the executor writes the rule's name there).
 AccountingStorageTRES=gres/gpu
 AccountingStoreFlags=job_comment
+# A job's account and QoS must be the user's (sacctmgr's associations), as on production clusters.
+AccountingStorageEnforce=associations,qos
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
@@ -112,8 +114,12 @@ KillWait=10
 SlurmctldTimeout=30
 SlurmdTimeout=30
 NodeName=$NODE CPUs=$cpus RealMemory=$mem_mb Gres=gpu:8 State=UNKNOWN
+# docs/slurm.md's four 8-GPU nodes: this node and three that never start (down, at an address nothing answers), in
+# a partition of the walk-through's name, with its QoS and account (below), for its config's dry-run and fit check.
+NodeName=e3dg-gpu[2-4] NodeAddr=192.0.2.1 CPUs=96 RealMemory=2000000 Gres=gpu:8 State=DOWN Reason=stand-in
 PartitionName=cpu Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 PartitionName=gpu Nodes=$NODE MaxTime=INFINITE State=UP
+PartitionName=h200 Nodes=$NODE,e3dg-gpu[2-4] MaxTime=2-00:00:00 State=UP
 EOF
     # Without File= the node goes INVAL; the devices are stand-ins (no GPU is used).
     cat >/etc/slurm/gres.conf <<EOF
@@ -167,6 +173,11 @@ start() {
     /usr/sbin/slurmdbd
     wait_for 30 slurmdbd sacctmgr -n list cluster
     sacctmgr -i add cluster ci >/dev/null 2>&1 || true
+    # docs/slurm.md's account and QoS, root's (jobs without them run under root's own account and QoS normal)
+    sacctmgr -i add qos gpu-week >/dev/null 2>&1 || true
+    sacctmgr -i add account llm-team cluster=ci >/dev/null 2>&1 || true
+    sacctmgr -i add user root account=llm-team cluster=ci >/dev/null 2>&1 || true
+    sacctmgr -i modify user root set qos=normal,gpu-week >/dev/null
     /usr/sbin/slurmctld
     wait_for 30 slurmctld scontrol ping
     /usr/sbin/slurmd -N "$NODE"

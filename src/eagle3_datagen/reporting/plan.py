@@ -10,7 +10,8 @@ It also counts how often each big model loads in the planned run: the generation
 capture runner once on the node when any scheduled shard needs it (the node's shard jobs share it);
 under a cluster executor once per allocation (a group job, or a job outside any group); each load at
 `plan.load_seconds`, or what the services' load records (`formats/service_loads.py`) measured in earlier
-runs of the same model.
+runs of the same model. GPU hours come from `plan.throughput`'s rates, or from what the smoke run
+measured on the node for the same model (`formats/measured_rates.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import iter_jsonl, read_json
 from eagle3_datagen.formats.hidden_codec import Codec
 from eagle3_datagen.formats.hidden_shard import resolve_aux_layers
+from eagle3_datagen.formats.measured_rates import RATES, read_rates
 from eagle3_datagen.formats.service_loads import read_loads
 from eagle3_datagen.workflow.settings import (
     DATASET,
@@ -202,7 +204,22 @@ def compression_ratio(codec: Codec, results: Path) -> tuple[float, str]:
     return DEFAULT_RATIOS[codec.compress], "default"
 
 
-def plan_partition(config: dict, partition: str, tokenizer, results: Path) -> PartitionPlan:
+def plan_rates(config: dict, logs: str | Path = "logs") -> dict:
+    """Each rate of `plan.throughput` (tokens/s) and its basis: the smoke run's measurement on the node for
+    this model where there is one, else the config's (a rate neither gives is None: no GPU hours)."""
+    configured = config["plan"].get("throughput") or {}
+    model = str(Path(config["model"]["path"]).resolve())  # as the smoke run records it
+    measured = read_rates(logs, model) or {}
+    rates = {}
+    for key in (*RATES, "train_tokens_per_s"):
+        if measured.get(key):
+            rates[key] = {"tokens_per_s": measured[key], "basis": f"measured by the smoke run, {measured['time']}"}
+        else:
+            rates[key] = {"tokens_per_s": configured.get(key), "basis": "plan.throughput"}
+    return rates
+
+
+def plan_partition(config: dict, partition: str, tokenizer, results: Path, rates: dict | None = None) -> PartitionPlan:
     backend = inference_backend(config, partition)
     inference = config["inference"]
     # absent (hf and dataset have none): sampling.max_new_tokens
@@ -221,9 +238,9 @@ def plan_partition(config: dict, partition: str, tokenizer, results: Path) -> Pa
     # no prices, no throughput: no cost, no GPU hours
     prices = inference["openrouter"].get("price_per_million") if backend == "openrouter" else None
     cost = prompt_tokens / 1e6 * prices["prompt"] + completion / 1e6 * prices["completion"] if prices else None
-    throughput = config["plan"].get("throughput") or {}
-    generate_rate = throughput.get("generate_tokens_per_s")
-    prefill_rate = throughput.get("prefill_tokens_per_s")
+    rates = rates or plan_rates(config)
+    generate_rate = rates["generate_tokens_per_s"]["tokens_per_s"]
+    prefill_rate = rates["prefill_tokens_per_s"]["tokens_per_s"]
     layers, hidden = _model_shape(config)
     settings = config["hidden_states"]
     aux = resolve_aux_layers(layers, settings["aux_layers"])
@@ -249,7 +266,7 @@ def plan_partition(config: dict, partition: str, tokenizer, results: Path) -> Pa
     )
 
 
-def plan_evaluation(config: dict, rows: list[PartitionPlan]) -> dict | None:
+def plan_evaluation(config: dict, rows: list[PartitionPlan], rates: dict | None = None) -> dict | None:
     """The evaluate stage's cost for the planned partitions (None without the stage): a draft per
     partition and one on all of them together (twice each with `evaluate.baseline: original`),
     `evaluate.steps` SpecForge steps of `batch_size` samples each (a sample's tokens: the partition's
@@ -272,8 +289,9 @@ def plan_evaluation(config: dict, rows: list[PartitionPlan]) -> dict | None:
     drafts = (len(rows) + together) * copies
     train_tokens = round(evaluate["steps"] * evaluate["batch_size"] * sample_tokens * copies)
     decoded_tokens = decoded * (1 + together) * copies
-    throughput = config["plan"].get("throughput") or {}
-    train_rate, generate_rate = throughput.get("train_tokens_per_s"), throughput.get("generate_tokens_per_s")
+    rates = rates or plan_rates(config)
+    train_rate = rates["train_tokens_per_s"]["tokens_per_s"]
+    generate_rate = rates["generate_tokens_per_s"]["tokens_per_s"]
     return {
         "drafts": drafts,
         "training_steps": drafts * evaluate["steps"],
@@ -298,7 +316,8 @@ def make_plan(
     run submits its jobs to a cluster (each job or group job is an allocation of its own)."""
     results = Path(results)
     tokenizer = plan_tokenizer(config)
-    rows = [plan_partition(config, p, tokenizer, results) for p in sorted(partitions)]
+    rates = plan_rates(config, logs)
+    rows = [plan_partition(config, p, tokenizer, results, rates) for p in sorted(partitions)]
     total = {
         key: sum(getattr(r, key) for r in rows)
         for key in ("prompts", "user_turns", "prompt_tokens", "completion_tokens", "hidden_bytes")
@@ -312,7 +331,8 @@ def make_plan(
         "partitions": [asdict(r) for r in rows],
         "total": total,
         "loads": plan_loads(config, jobs or [], logs, per_allocation),
-        "evaluation": plan_evaluation(config, rows),
+        "rates": rates,
+        "evaluation": plan_evaluation(config, rows, rates),
         "free_disk_bytes": free,
         "exceeds_free_disk": total["hidden_bytes"] > free,
     }
@@ -349,6 +369,10 @@ def format_plan(plan: dict) -> str:
         f"{_fmt(t['cost_usd'], '$')} | {_fmt(t['generation_gpu_hours'])} | {_fmt(t['hidden_gpu_hours'])} | "
         f"{_fmt(t['hidden_bytes'], 'bytes')} |"
     )
+    if plan.get("rates"):
+        lines += ["", "| rate | tokens/s (basis) |", "|---|---|"]
+        for name, rate in plan["rates"].items():
+            lines.append(f"| {name.removesuffix('_tokens_per_s')} | {_fmt(rate['tokens_per_s'])} ({rate['basis']}) |")
     lines += ["", "| model | loads | seconds each (basis) | load hours |", "|---|---|---|---|"]
     for model, load in plan["loads"].items():
         lines.append(

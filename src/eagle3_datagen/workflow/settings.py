@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from pathlib import Path
 
@@ -160,13 +161,19 @@ def dataset_settings(config: dict, partition: str) -> dict:
 
 
 def response_run_settings(config: dict) -> dict:
-    """What governs a responses job, for every backend (a job reads its own backend's), and the GPUs a
-    launched server's job step asks for under SLURM."""
+    """What governs a responses job, for every backend (a job reads its own backend's), the GPUs a
+    launched server's job step asks for under SLURM, and how it waits for their memory."""
     inference = config["inference"]
     # openrouter has settings without a default: absent where no partition uses it
     run = {b: split(inference.get(b), f"inference.{b}")[1] for b in BACKENDS}
+    resources = config["resources"]
     # no token_budget: no budget
-    return {"token_budget": inference.get("token_budget"), "gpus": config["resources"]["gpus_per_node"], **run}
+    return {
+        "token_budget": inference.get("token_budget"),
+        "gpus": resources["gpus_per_node"],
+        "handover": resources["handover"],
+        **run,
+    }
 
 
 def served_by_launched_server(config: dict, partition: str) -> bool:
@@ -189,10 +196,12 @@ def hidden_settings(config: dict) -> dict:
 
 
 def hidden_run_settings(config: dict) -> dict:
-    """The capture's run-only settings and the GPUs its runner takes: SGLang's tensor-parallel size."""
+    """The capture's run-only settings, the GPUs its runner takes (SGLang's tensor-parallel size) and how it
+    waits for their memory."""
     return {
         "hidden_states": split(config["hidden_states"], "hidden_states")[1],
         "tensor_parallel": gpus_for(config, "hidden_states") or 1,
+        "handover": config["resources"]["handover"],
     }
 
 
@@ -257,17 +266,38 @@ def gpus_for(config: dict, stage: str, partition: str | None = None) -> int:
 LAUNCHERS = {"hidden_states": "torchrun", "responses_sglang_server": "sglang.launch_server"}
 
 
+def slurm_resources(config: dict, gpus: int) -> dict:
+    """Where a job goes under SLURM (`resources.slurm`): a job that asks for GPUs to the GPU partition and its
+    QoS, any other to the CPU one's, both under the account; as the slurm executor plugin's resources
+    (`slurm_partition`, `qos`, `slurm_account`), those not set left out. Local runs ignore them."""
+    slurm = config["resources"]["slurm"]
+    where = slurm["gpu" if gpus else "cpu"]
+    asked = {"slurm_partition": where["partition"], "qos": where["qos"], "slurm_account": slurm["account"]}
+    return {key: value for key, value in asked.items() if value is not None}
+
+
 def cluster_job(config: dict, rule: str, gpus: int) -> dict:
     """What a heavy rule's cluster job asks for: `resources.jobs.<rule>` (memory, CPUs and minutes of the
-    job). A job on more than one GPU of its node is one that launches its own processes, one task per GPU
-    (the plugin's `mpi` jobs): the slurm-jobstep executor runs such a job in its allocation's batch step
-    instead of a job step of its own, so the node service it starts outlives it and serves the
-    allocation's next shard jobs (SLURM kills what a job step leaves behind when the step ends). Its CPUs
-    are asked for per task. Local runs ignore all of these."""
-    job = dict(config["resources"]["jobs"][rule])
+    job) where `slurm_resources` sends it. A job on more than one GPU of its node is one that launches its
+    own processes, one task per GPU (the plugin's `mpi` jobs): the slurm-jobstep executor runs such a job in
+    its allocation's batch step instead of a job step of its own, so the node service it starts outlives it
+    and serves the allocation's next shard jobs (SLURM kills what a job step leaves behind when the step
+    ends). Its CPUs are asked for per task. Local runs ignore all of these."""
+    job = dict(config["resources"]["jobs"][rule]) | slurm_resources(config, gpus)
     if gpus > 1:
         job.update(mpi=LAUNCHERS[rule], tasks_per_node=gpus, cpus_per_task=max(1, job["cpus_per_task"] // gpus))
     return job
+
+
+def spread_over_nodes(workflow, group: str, rule: str, nodes: int) -> None:
+    """Set how many jobs of `group` go to one group job (Snakemake's --group-components) so that the scheduled
+    jobs of `rule` spread over `nodes` nodes: ceil(jobs / nodes) each. Called while Snakemake forms its group
+    jobs (by the rule's `group` function, once the jobs it will run are known: a rerun after a crash spreads
+    what is left), once per run, never over a count given on the command line. `workflow`: Snakemake's."""
+    settings = workflow.group_settings
+    if group not in settings.group_components:
+        jobs = sum(job.rule.name == rule for job in workflow.dag.needrun_jobs())
+        settings.group_components = {**settings.group_components, group: max(1, math.ceil(jobs / nodes))}
 
 
 def demo_fit_partitions(config: dict) -> list[dict]:

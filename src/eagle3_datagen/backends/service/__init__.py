@@ -9,9 +9,12 @@ ready (`lease.using`). A job that needs another service (another kind, or the sa
 settings) asks the running one to stop, waits until no job uses it, then starts its own. The
 supervisor stops its service once no registered job is alive for `idle_timeout` seconds, at once
 when asked (`lease.request_stop`: the workflow's onsuccess/onerror where Snakemake runs on the node),
-and on SIGTERM. A job killed with -9 counts as gone (its pid is dead), so a rerun finds the service
-still up and uses it again. A service with a health URL that stops answering it for `hang_timeout`
-seconds once ready (it accepts connections and never answers) is taken as hung and killed; a service
+and on SIGTERM. A service on GPUs starts only once their memory is free (`gpus`: the processes of
+the one before can hold it for a while after they were killed); one that fails to start leaves its
+reason for its jobs (`record.record_failure`). A job killed with -9 counts as gone (its pid is dead),
+so a rerun finds the service still up and uses it again. A service with a health URL that stops
+answering it for `hang_timeout` seconds once ready (it accepts connections and never answers) is
+taken as hung and killed; a service
 that exits (or is killed) takes its record with it, so its jobs see it gone (`Lease.running`) and may
 start a fresh one.
 
@@ -47,3 +50,5 @@ class Service:
     stop_timeout: float = 60.0  # SIGTERM to SIGKILL of its process group (the server's: launch.stop_timeout)
     hang_timeout: float | None = None  # once ready, killed as hung when its health URL is silent this long
     gpus: int = 0  # under SLURM, the GPUs its job step asks for
+    # `resources.handover` (timeout, max_used_mib): with GPUs, it starts once their memory is free (`gpus`)
+    handover: dict | None = None

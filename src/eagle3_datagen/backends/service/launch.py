@@ -24,7 +24,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from eagle3_datagen.backends.service import Service, supervise
-from eagle3_datagen.backends.service.record import LOADED, RECORD, where
+from eagle3_datagen.backends.service.record import FAILED, LOADED, RECORD, where
 from eagle3_datagen.formats import service_loads
 from eagle3_datagen.formats.files import write_json
 
@@ -45,7 +45,8 @@ def log_path(base: str | Path) -> Path:
 
 def start(directory: Path, service: Service) -> dict:
     """Start a supervisor for `service` and write its record; the caller holds the node lock."""
-    (directory / LOADED).unlink(missing_ok=True)
+    for left in (LOADED, FAILED):  # of the service before
+        (directory / left).unlink(missing_ok=True)
     token = uuid.uuid4().hex
     output = log_path(service.log).resolve()
     output.parent.mkdir(parents=True, exist_ok=True)

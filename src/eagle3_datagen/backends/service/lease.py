@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_datagen.backends.service import Service, ServiceError, launch
-from eagle3_datagen.backends.service.record import POLL_S, STOP, locked, node_dir, running_record
+from eagle3_datagen.backends.service.record import POLL_S, STOP, failure, locked, node_dir, running_record
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +90,18 @@ def _register(directory: Path, service: Service, me: Path) -> Lease:
 
 
 def _wait_ready(service: Service, lease: Lease) -> None:
-    """Until the record says the service is ready (its supervisor alone probes it: `supervise.ready`)."""
-    deadline = time.monotonic() + service.ready_timeout
+    """Until the record says the service is ready (its supervisor alone probes it: `supervise.ready`); the
+    supervisor first waits up to the handover's timeout for the GPUs' memory."""
+    limit = service.ready_timeout + (service.handover["timeout"] if service.gpus and service.handover else 0)
+    deadline = time.monotonic() + limit
     while (record := lease.record()) is not None:
         if "ready_s" in record:
             return
         if time.monotonic() > deadline:
-            raise ServiceError(f"the {service.name} was not ready after {service.ready_timeout} s; see {lease.log}")
+            raise ServiceError(f"the {service.name} was not ready after {limit} s; see {lease.log}")
         time.sleep(POLL_S)
+    if reason := failure(lease.directory, lease.token):
+        raise ServiceError(f"{reason}\n(the node's {service.name}, {lease.log})")
     raise ServiceError(f"the node's {service.name} exited while starting ({lease.log}):\n{lease.log_tail()}")
 
 

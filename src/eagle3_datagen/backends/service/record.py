@@ -2,8 +2,9 @@
 
 In the directory: `lock` (held while the record or the users change), `supervisor.json` (the
 record: token, key, name, log, supervisor and service pids, where it runs, and `ready_s` once the
-service is ready), `users/<pid>` (the jobs registered with it), `stop` (a stop was asked) and
-`loaded` (written by a service without a health URL once its model is loaded). Jobs read the record
+service is ready), `users/<pid>` (the jobs registered with it), `stop` (a stop was asked),
+`loaded` (written by a service without a health URL once its model is loaded) and `failed.json` (why
+the last service did not start or ended, for the jobs that waited on it). Jobs read the record
 without the lock, so it is only ever replaced whole.
 """
 
@@ -26,6 +27,7 @@ SERVICE_DIR_ENV = "EAGLE3_DATAGEN_SERVICE_DIR"
 LOADED = "loaded"
 STOP = "stop"
 RECORD = "supervisor.json"
+FAILED = "failed.json"
 
 
 def node_dir() -> Path:
@@ -99,6 +101,20 @@ def remove_record(directory: Path, token: str) -> None:
     if read_record(directory, token) is not None:
         for name in (RECORD, LOADED):
             (directory / name).unlink(missing_ok=True)
+
+
+def record_failure(directory: Path, token: str, message: str) -> None:
+    """Say why the service `token` did not start or ended, for the jobs that wait on it (`failure`)."""
+    write_json(directory / FAILED, {"token": token, "message": message})
+
+
+def failure(directory: Path, token: str) -> str | None:
+    """Why the service `token` did not start or ended, if its supervisor said."""
+    with contextlib.suppress(OSError, ValueError):
+        failed = json.loads((directory / FAILED).read_text())
+        if failed["token"] == token:
+            return failed["message"]
+    return None
 
 
 def live_users(directory: Path) -> list[int]:

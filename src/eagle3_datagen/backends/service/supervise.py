@@ -1,5 +1,6 @@
-"""The supervisor of a node's service: runs its command in a process group, says when it is ready,
-records each load, watches a ready server for a hang, and stops it when no job uses it.
+"""The supervisor of a node's service: waits for the GPUs' memory, runs its command in a process group,
+says when it is ready, records each load, watches a ready server for a hang, and stops it when no job
+uses it.
 
 Readiness is probed the same way for every service (`ready`): GET {health_url}/health for a server,
 the `loaded` mark for a process without one. Once the probe passes, the supervisor (the only one that
@@ -22,6 +23,7 @@ import time
 import urllib.request
 
 from eagle3_datagen.backends.service import Service, ServiceError
+from eagle3_datagen.backends.service.gpus import wait_for_free_memory
 from eagle3_datagen.backends.service.record import (
     LOADED,
     POLL_S,
@@ -30,6 +32,7 @@ from eagle3_datagen.backends.service.record import (
     live_users,
     locked,
     node_dir,
+    record_failure,
     remove_record,
     update_record,
     where,
@@ -109,16 +112,21 @@ def supervise(service: Service, token: str, loads: str) -> None:
     with locked(directory):
         if not update_record(directory, token, pid=os.getpid(), where=where()):
             return  # replaced while this step was starting
-    started = time.monotonic()
-    log.info("starting the %s on %s: %s", service.name, where(), " ".join(service.command))
     running = contextlib.ExitStack()
     try:
+        if service.gpus and service.handover:
+            wait_for_free_memory(service.handover["timeout"], service.handover["max_used_mib"], service.name)
+        started = time.monotonic()  # the load's seconds leave the wait out
+        log.info("starting the %s on %s: %s", service.name, where(), " ".join(service.command))
         output = running.enter_context(open(service.log, "ab"))  # noqa: SIM115 - closed by the ExitStack
         env = {**os.environ, SERVICE_DIR_ENV: str(directory)}
         process = running.enter_context(process_group(service.command, output, service.stop_timeout, env))
         with locked(directory):
             update_record(directory, token, service_pid=process.pid)
         _serve(service, directory, token, process, started, running, loads)
+    except ServiceError as e:
+        record_failure(directory, token, str(e))
+        raise
     finally:
         with locked(directory):
             running.close()

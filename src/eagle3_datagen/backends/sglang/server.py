@@ -83,9 +83,12 @@ def launched_server(model_path: str | Path, url: str, launch: dict, log_path: st
         log.info("SGLang server stopped")
 
 
-def server_service(model_path: str | Path, url: str, launch: dict, log_path: str | Path, gpus: int = 0) -> Service:
+def server_service(
+    model_path: str | Path, url: str, launch: dict, log_path: str | Path, gpus: int = 0, handover: dict | None = None
+) -> Service:
     """The launched server as the node's shared service (`backends.service`): one per node for every shard
-    job. The model's path is absolute: jobs of another workflow directory on the node do not share it."""
+    job, started once the GPUs' memory is free (`handover`: `resources.handover`). The model's path is
+    absolute: jobs of another workflow directory on the node do not share it."""
     model = Path(model_path).resolve()
     command = server_command(model, url, launch)
     return Service(
@@ -101,4 +104,5 @@ def server_service(model_path: str | Path, url: str, launch: dict, log_path: str
         stop_timeout=launch["stop_timeout"],
         hang_timeout=launch["hang_timeout"],
         gpus=gpus,
+        handover=handover,
     )

@@ -1,5 +1,6 @@
-"""The GPU path's pieces (not run here: no GPU): SGLang 0.5.23 serving the target with the trained draft
-(EAGLE3), and the acceptance length read from SGLang's own per-request figures.
+"""The GPU path (not run here: no GPU): SGLang 0.5.23 serving the target with the trained draft (EAGLE3),
+each held-out prompt decoded greedily through `/generate`, and the acceptance length read from SGLang's own
+per-request figures (`scripts/serve_draft.py`, which the smoke run calls on a GPU node).
 
 The launch flags are `ServerArgs` fields of SGLang 0.5.23 (checked against its own parser: tests/real_sglang).
 Each response's `meta_info` carries `spec_verify_ct` (verify steps) and `completion_tokens`; SGLang's
@@ -9,6 +10,10 @@ it is the figure the CPU path measures (speculative.py: `acceptance_length`), up
 """
 
 from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
 
 
 def eagle3_launch_args(draft_path: str, speculative: dict) -> list[str]:
@@ -40,3 +45,33 @@ def sglang_acceptance(meta_infos: list[dict]) -> dict:
         "per_prompt": [m.get("spec_accept_length") for m in meta_infos],
         "measured_by": "SGLang 0.5.23's spec_accept_length (completion_tokens / spec_verify_ct)",
     }
+
+
+def generate_meta_info(url: str, prompt: list[int], max_new_tokens: int, timeout: float = 600) -> dict:
+    """One greedy `/generate` of `prompt`'s token ids; its `meta_info` (spec_verify_ct, spec_accept_length)."""
+    payload = {"input_ids": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
+    request = urllib.request.Request(
+        url.rstrip("/") + "/generate", json.dumps(payload).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())["meta_info"]
+
+
+def sglang_eagle3_acceptance(
+    target: str | Path,
+    draft: str | Path,
+    prompts: list[list[int]],
+    settings: dict,
+    url: str,
+    launch: dict,
+    log_path: str | Path,
+) -> dict:
+    """Serve `target` with `draft` under SGLang's EAGLE3 at `url` (`launch`: the config's
+    `inference.sglang.launch`, its command, flags and timeouts; `settings`: the `evaluate` section) and
+    measure the acceptance length over `prompts`, each decoded greedily up to `max_new_tokens`."""
+    from eagle3_datagen.backends.sglang.server import launched_server
+
+    run = {**launch, "args": [*launch.get("args", []), *eagle3_launch_args(str(draft), settings["speculative"])]}
+    with launched_server(target, url, run, log_path):
+        metas = [generate_meta_info(url, prompt, settings["max_new_tokens"]) for prompt in prompts]
+    return {**sglang_acceptance(metas), "prompts": len(prompts), "draft": str(draft)}

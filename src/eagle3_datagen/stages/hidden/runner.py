@@ -48,7 +48,7 @@ class CaptureFailed(RuntimeError):
 
 def runner_service(settings: dict, threads: int, script: str | Path) -> Service:
     """The capture runner (`script`: scripts/capture_runner.py) for a hidden-state job's merged `settings`
-    (model, hidden_states, tensor_parallel)."""
+    (model, hidden_states, tensor_parallel, handover)."""
     # The model's path is absolute: jobs of another workflow directory on the node do not share the runner.
     settings = {**settings, "model": {**settings["model"], "path": str(Path(settings["model"]["path"]).resolve())}}
     hidden = settings["hidden_states"]
@@ -77,6 +77,7 @@ def runner_service(settings: dict, threads: int, script: str | Path) -> Service:
         ready_timeout=runner["load_timeout"],
         idle_timeout=runner["idle_timeout"],
         gpus=gpus,
+        handover=settings["handover"],
     )
 
 

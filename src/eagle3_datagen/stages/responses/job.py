@@ -101,6 +101,6 @@ def _server(settings: dict, server_log: str | None, provenance: dict):
     sglang = settings["sglang"]
     url, model_path = sglang["url"], settings["model"]["path"]
     launch, server_log = sglang["launch"], server_log or "sglang-server.log"
-    service = server_service(model_path, url, launch, server_log, settings["gpus"])
+    service = server_service(model_path, url, launch, server_log, settings["gpus"], settings["handover"])
     provenance["server_command"] = service.command
     return using(service)
