@@ -36,7 +36,8 @@ def test_openrouter_retries_every_transient_error_and_records_each_turn(tmp_path
     assert 0 < len(retried) < 48  # the faulted half took 6 failures and a success
     assert set(server.completed.values()) == {1}  # no request answered twice
     assert stats["usage"]["cost"] == pytest.approx(0.048)
-    assert not journal_path(tmp_path / "out.jsonl.zst").exists()
+    kept = journal_path(tmp_path / "out.jsonl.zst").read_text().splitlines()  # the shard's answers, kept
+    assert len(kept) == 1 + 24 and json.loads(kept[0])["format"] == "eagle3-datagen/responses-journal-v1"
     sent = server.last_chat_request
     assert sent["provider"] == {"order": ["moonshotai"], "allow_fallbacks": False, "quantizations": ["int4"]}
     assert (
@@ -113,6 +114,7 @@ def test_kill_9_then_rerun_loses_and_repeats_nothing(tmp_path, qwen_tokenizer_di
     server = Loopback("unused", api_key=api_key, faults=FaultPlan(latency_s=0.05))
     settings = {
         "backend": "openrouter",
+        "max_failed_rate": 0.0,
         "sampling": SAMPLING,
         "openrouter": defaults("inference.openrouter", base_url=None, model="m", api_key_env=KEY_ENV, concurrency=2),
         "model": defaults("model", path=str(qwen_tokenizer_dir)),

@@ -66,9 +66,11 @@ def test_validated_config_holds_every_default_and_fill_alone_gives_the_same(name
 
 def test_params_carry_no_run_only_setting_and_the_job_gets_both():
     config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
+    config_schema.fill_defaults(config["inference"], "inference")  # as validation fills it
     config["inference"]["token_budget"] = 10**9
     params = json.dumps([wf.response_settings(config, "B1_glaive"), wf.hidden_settings(config)])
-    for run_only in ('"concurrency"', '"run_args"', '"max_batch_tokens"', '"mem_fraction_static"', '"token_budget"'):
+    run_only_keys = ('"concurrency"', '"run_args"', '"max_batch_tokens"', '"mem_fraction_static"', '"token_budget"')
+    for run_only in (*run_only_keys, '"max_failed_rate"', '"ledger_dir"'):
         assert run_only not in params
     run = wf.response_run_settings(config)
     job = wf.merged(wf.response_settings(config, "B1_glaive"), run)
@@ -155,6 +157,8 @@ def coverage_config(hidden_backend: str) -> dict:
     }
     config["inference"]["sampling"].update(top_p=1.0, top_k=0, seed=0)
     config["inference"]["token_budget"] = 10**9
+    config["inference"]["max_failed_rate"] = 0.01
+    backend_sampling = {"max_new_tokens": 48, "temperature": 1.0, "top_p": 0.95, "top_k": 20, "seed": 1}
     config["inference"]["sglang"] = {
         "url": "http://localhost:8000",
         "served_model": "model",
@@ -174,6 +178,7 @@ def coverage_config(hidden_backend: str) -> dict:
             "short": {"concurrency": 256, "max_tokens": 48, "max_prompt_tokens": 4096},
             "long": {"concurrency": 32, "max_tokens": 48},
         },
+        "sampling": dict(backend_sampling),
         "retry": dict(retry),
     }
     config["inference"]["openrouter"] = {
@@ -187,6 +192,7 @@ def coverage_config(hidden_backend: str) -> dict:
         "provider": {"sort": "price"},
         "max_cost_usd": 10.0,
         "price_per_million": {"prompt": 0.6, "completion": 3.0},
+        "sampling": dict(backend_sampling),
         "retry": dict(retry),
     }
     config["tokens"].update(audit_examples=5, loss_turns="all")
@@ -392,7 +398,8 @@ def test_changing_an_output_key_schedules_its_stage_and_what_depends_on_it(cover
 def test_the_plan_counts_one_load_per_node_or_allocation_and_reads_measured_load_times(tmp_path):
     from eagle3_datagen.reporting.plan import ScheduledJob, plan_loads
 
-    config = config_schema.fill_defaults(yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text()))
+    config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
+    config_schema.fill_defaults(config["inference"], "inference")  # as validation fills it
     counts = (("B1_glaive", 16), ("B3_magicoder_evol", 8), ("B3_magicoder_oss", 8))
     shards = [(p, s) for p, n in counts for s in range(n)]
     jobs = [ScheduledJob(rule, p, None) for p, _ in shards for rule in ("responses_sglang_server", "hidden_states")]
@@ -421,7 +428,8 @@ def test_the_plan_reads_load_times_from_the_load_records_not_the_log_wording(tmp
     times are the load records'."""
     from eagle3_datagen.reporting.plan import ScheduledJob, plan_loads
 
-    config = config_schema.fill_defaults(yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text()))
+    config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
+    config_schema.fill_defaults(config["inference"], "inference")  # as validation fills it
     jobs = [ScheduledJob("hidden_states", "B1_glaive", None)]
     runner = tmp_path / "capture_runner"
     runner.mkdir()
