@@ -286,27 +286,22 @@ def _recorded(shard: str) -> bool:
 
 
 def recorded_spend(results: Path, backend: str, model: str) -> dict[str, dict]:
-    """The spend every shard of the endpoint has recorded under `results`: a journal's rows (an unfinished
-    shard's, or the answers a finished one keeps), else a finished shard's stats (written before journals
-    were kept). Read once, when the ledger is created."""
+    """The spend every shard of the endpoint has recorded under `results`: a finished shard's stats, an
+    unfinished one's journal (the rows it kept). Read once, when the ledger is made."""
     spend: dict[str, dict] = {}
     for stats in sorted(results.glob("*/responses/*.stats.json")):
-        out = stats.with_name(stats.name.removesuffix(".stats.json") + ".jsonl.zst")
         with contextlib.suppress(OSError, ValueError):
-            journal = journal_spend(journal_path(out), backend, model)
-            if journal is None:
-                recorded = orjson.loads(stats.read_bytes())
-                if (recorded.get("backend"), recorded.get("model")) != (backend, model):
-                    continue
+            recorded = orjson.loads(stats.read_bytes())
+            if (recorded.get("backend"), recorded.get("model")) == (backend, model):
                 usage = recorded.get("usage") or {}
                 tokens = int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
-                journal = {"cost": float(usage.get("cost", 0.0)), "tokens": tokens}
-            spend[os.path.normpath(out)] = journal
+                out = stats.with_name(stats.name.removesuffix(".stats.json") + ".jsonl.zst")
+                spend[os.path.normpath(out)] = {"cost": float(usage.get("cost", 0.0)), "tokens": tokens}
     for journal in sorted(results.glob("*/responses/.*.journal.jsonl")):
-        out = journal.with_name(journal.name.removeprefix(".").removesuffix(".journal.jsonl"))
-        if os.path.normpath(out) not in spend:
+        out = os.path.normpath(journal.with_name(journal.name.removeprefix(".").removesuffix(".journal.jsonl")))
+        if out not in spend and not Path(out).exists():
             with contextlib.suppress(OSError, ValueError):
                 found = journal_spend(journal, backend, model)
                 if found is not None:
-                    spend[os.path.normpath(out)] = found
+                    spend[out] = found
     return spend
