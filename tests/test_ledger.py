@@ -15,7 +15,7 @@ import pytest
 
 from eagle3_datagen.backends.base import RequestFailed, RetryableError, StopRun
 from eagle3_datagen.backends.http import classify
-from eagle3_datagen.backends.ledger import Ledger, clear_stop, endpoint_key, fair_shares
+from eagle3_datagen.backends.ledger import STALE_S, Ledger, Spend, Synced, clear_stop, endpoint_key, fair_shares
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
 from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
@@ -158,3 +158,25 @@ def test_a_job_killed_with_9_returns_its_share(tmp_path, api_key):
     assert len(read_jsonl(results_shard(tmp_path, 1))) == 40
     assert json.loads(ledger.read_text())["jobs"] == {}
     print(f"\nthe next job took the killed job's 40 slots at once; its 40 prompts at 1 s latency took {seconds:.1f} s")
+
+
+def test_a_job_on_another_host_is_gone_once_its_heartbeat_stands_still_for_stale_s(tmp_path):
+    """Another node's job (a host this one is not) claims 30 of 40: this job gets the other 10 while that
+    job's heartbeat moves, and all 40 once it has stood still for STALE_S seconds of this job's clock."""
+    ledger = Ledger(tmp_path / ".ledger", "openrouter", MODEL, "results/p/responses/00000.jsonl.zst", 40)
+    spend = Spend()
+    assert ledger.sync(0, 100, spend, now=0.0).limit == 40
+    other = {"host": "node7/0badc0de", "pid": 1, "pid_start": "1", "shard": "s1", "beat": 1, "want": 40, "claim": 30}
+
+    def beat(n: int) -> None:
+        state = json.loads(ledger.path.read_text())
+        state["jobs"]["node7/0badc0de:1:1"] = {**other, "beat": n}
+        ledger.path.write_text(json.dumps(state))
+
+    beat(1)
+    assert ledger.sync(0, 100, spend, now=1.0) == Synced(limit=10, total=Spend(), stop=None, jobs=2)
+    assert ledger.sync(0, 100, spend, now=1.0 + STALE_S - 1).limit == 10
+    beat(2)  # it moved: alive for another STALE_S from now
+    assert ledger.sync(0, 100, spend, now=1.0 + STALE_S + 5).limit == 10
+    synced = ledger.sync(0, 100, spend, now=1.0 + 2 * STALE_S + 6)
+    assert synced.limit == 40 and synced.jobs == 1
