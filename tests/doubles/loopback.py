@@ -8,7 +8,8 @@ with cost, provider). Faults follow a plan: for the requests whose content hashe
 `sequence[k-1]` (an HTTP status, `"200-error"` or `"200-empty"`), later attempts succeed. `credits`
 makes every completion after that many answer 402; `require` answers 400 ("invalid temperature: ...")
 to a chat request whose parameter differs from the value it names (a provider that takes only
-temperature 1). The server counts requests in flight (`max_in_flight`, in /stats) and the answers
+temperature 1); a user turn holding `[refuse]` gets a refusal as a content filter gives it. The
+server counts requests in flight (`max_in_flight`, in /stats) and the answers
 given per request content (`completed`). A tool script makes the stand-in model call tools: after a
 user turn that contains a script entry's `trigger`, `/generate` emits that call in the template's own
 tool-call markers and `/chat/completions` returns it in `message.tool_calls`; once a call follows the
@@ -34,6 +35,10 @@ from aiohttp import web
 
 from eagle3_datagen.chat.template import load_tokenizer
 from eagle3_datagen.chat.tool_calls import derive_markers
+
+# A user turn holding this is refused as a provider's content filter refuses (`message.refusal`,
+# `finish_reason: content_filter`).
+REFUSED = "[refuse]"
 
 
 @dataclass
@@ -210,6 +215,9 @@ class Loopback:
         }
         reasoning = "Considering it." if (body.get("reasoning") or {}).get("enabled") else None
         choice = {"message": {"role": "assistant", "content": content, "reasoning": reasoning}}
+        if REFUSED in last_user:  # a provider's content filter: no content, its refusal, finish_reason as sent
+            choice["message"].update(content=None, refusal="I can't help with that.")
+            finish = "content_filter"
         if call is not None:
             call_id = f"call_{hashlib.sha256(key.encode()).hexdigest()[:8]}"  # an OpenAI-style id, not Kimi's
             function = {"name": call.name, "arguments": call.arguments}
