@@ -398,8 +398,7 @@ def test_changing_an_output_key_schedules_its_stage_and_what_depends_on_it(cover
 def test_the_plan_counts_one_load_per_node_or_allocation_and_reads_measured_load_times(tmp_path):
     from eagle3_datagen.reporting.plan import ScheduledJob, plan_loads
 
-    config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
-    config_schema.fill_defaults(config["inference"], "inference")  # as validation fills it
+    config = config_schema.fill_defaults(yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text()))
     counts = (("B1_glaive", 16), ("B3_magicoder_evol", 8), ("B3_magicoder_oss", 8))
     shards = [(p, s) for p, n in counts for s in range(n)]
     jobs = [ScheduledJob(rule, p, None) for p, _ in shards for rule in ("responses_sglang_server", "hidden_states")]
@@ -428,8 +427,7 @@ def test_the_plan_reads_load_times_from_the_load_records_not_the_log_wording(tmp
     times are the load records'."""
     from eagle3_datagen.reporting.plan import ScheduledJob, plan_loads
 
-    config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
-    config_schema.fill_defaults(config["inference"], "inference")  # as validation fills it
+    config = config_schema.fill_defaults(yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text()))
     jobs = [ScheduledJob("hidden_states", "B1_glaive", None)]
     runner = tmp_path / "capture_runner"
     runner.mkdir()
