@@ -3,6 +3,7 @@ killed job's share returned, the spend under results/ counted (and counted again
 ledger is gone), a refused setting stopping every job, the statuses that stop a run. The jobs are the
 real driver and `scripts/responses.py`; the server is the loopback double (tests/doubles)."""
 
+import asyncio
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from eagle3_datagen.backends.http import classify
 from eagle3_datagen.backends.ledger import STALE_S, Ledger, Spend, Synced, clear_stop, endpoint_key, fair_shares
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
+from eagle3_datagen.stages.responses.limits import Limits
 from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
 
 from .conftest import KEY_ENV, REPO, SAMPLING, defaults, openrouter_backend, prompts_file, wait_until
@@ -180,3 +182,32 @@ def test_a_job_on_another_host_is_gone_once_its_heartbeat_stands_still_for_stale
     assert ledger.sync(0, 100, spend, now=1.0 + STALE_S + 5).limit == 10
     synced = ledger.sync(0, 100, spend, now=1.0 + 2 * STALE_S + 6)
     assert synced.limit == 40 and synced.jobs == 1
+
+
+def test_near_the_budget_an_answers_slot_is_free_again_only_once_the_ledger_holds_its_spend(tmp_path):
+    """Another job's answers are seen only through the ledger: were a slot given again before its answer's
+    spend is written, a job elsewhere could start past the budget on a view without it. Each look the
+    job takes while an answer is not yet written sees that answer's conversation still in flight."""
+    ledger = Ledger(tmp_path / ".ledger", "openrouter", MODEL, "results/p/responses/00000.jsonl.zst", 4)
+    limits = Limits(Budgets(cost_usd=0.01), 4, Spend(), ledger)
+    looks = []
+    sync = ledger.sync
+
+    def looked(in_flight, wanted, spent, now, first=False):
+        looks.append((in_flight, spent))
+        return sync(in_flight, wanted, spent, now, first)
+
+    ledger.sync = looked
+
+    async def one_answer():
+        async with limits:
+            limits.left = 2
+            assert await limits.acquire() is None
+            del looks[:]
+            await limits.release(Spend(0.002, 10))
+            recorded = json.loads(ledger.path.read_text())["shards"]
+            return limits.in_flight, recorded
+
+    in_flight, recorded = asyncio.run(one_answer())
+    assert looks == [(1, Spend(0.002, 10))]  # written with its slot still held
+    assert in_flight == 0 and recorded == {"results/p/responses/00000.jsonl.zst": {"cost": 0.002, "tokens": 10}}

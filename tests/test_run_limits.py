@@ -188,3 +188,4 @@ def test_a_refused_temperature_stops_a_real_run_before_any_job(workflow, api_key
     assert "OpenRouter refused the canary request" in out and "invalid temperature: only 1.0 is allowed" in out
     assert sum(server.attempts.values()) == 1  # the canary alone
     assert not (work / "results").exists() and not (work / "logs").exists()  # no job ran
+    print("\n" + next(line for line in out.splitlines() if "refused the canary" in line))

@@ -5,9 +5,10 @@ With a ledger (`backends.ledger`, the workflow's jobs) these are the run's: the 
 ledger every `TICK_S` seconds (its heartbeat: its conversations in flight and left, its shard's spend)
 and takes its share. The budget is checked before each conversation against the run's spend as last
 seen plus this job's own since; near the end of a budget that view is refreshed before every
-conversation and after every answer, so no conversation starts once the run's recorded spend has
-reached the budget: at most the conversations in flight then (the endpoint's concurrency) finish
-past it. Without a ledger (a shard answered outside the workflow) they are the job's own.
+conversation and after every answer (whose slot is free again only once the ledger holds its spend),
+so no conversation starts once the run's answers have reached the budget: at most the conversations
+in flight then (the endpoint's concurrency) finish past it. Without a ledger (a shard answered outside
+the workflow) they are the job's own.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from eagle3_datagen.backends.ledger import Ledger, Spend, Synced
 log = logging.getLogger(__name__)
 
 TICK_S = 0.5
-# Far from the budget a job trusts its last look at the ledger: the others' spend it has not seen yet
-# is at most the run's recent rate over this many ticks (seen late by a tick, written late by one),
-# times a margin for bursts. Within that of the budget, every start looks again.
+# Far from the budget a job trusts its last look at the ledger. The others' spend it has not seen yet
+# is taken as the larger of: the run's recent rate over this many ticks (seen late by a tick, written
+# late by one) times a margin, and an answer for every conversation the run may have in flight (a
+# burst of them coming back at once), at what this job's answers cost on average. Within that of the
+# budget, every start and answer looks again.
 UNSEEN_TICKS = 2
 RATE_MARGIN = 4.0
 
@@ -66,6 +69,7 @@ class Limits:
         self.in_flight = 0
         self.left = 0  # conversations not started yet (the driver sets it)
         self.spent = spent_before  # this shard's whole spend
+        self._spent_before, self._answers = spent_before, 0  # this run's answers: their spend, their count
         self.stopped: str | None = None
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self._seen = Synced(None, Spend(), None, 1)
@@ -141,14 +145,18 @@ class Limits:
         return margin is None or self.budgets.near(self.total(), margin)
 
     def _margin(self) -> Spend | None:
-        """The others' spend this job may not have seen yet, from the run's recent rate (None: no rate yet)."""
-        if len(self._rates) < 2:
+        """The others' spend this job may not have seen yet (None: not known before the run's rate and this
+        job's first answer)."""
+        if len(self._rates) < 2 or not self._answers:
             return None
         (t0, first), (t1, last) = self._rates[0], self._rates[-1]
-        seconds = max(t1 - t0, 1e-3)
-        window = UNSEEN_TICKS * TICK_S * RATE_MARGIN / seconds
+        window = UNSEEN_TICKS * TICK_S * RATE_MARGIN / max(t1 - t0, 1e-3)
         grown = last - first
-        return Spend(max(grown.cost, 0.0) * window, int(max(grown.tokens, 0) * window))
+        own = self.spent - self._spent_before
+        burst = (self.ledger.concurrency or self.limit * self._seen.jobs) / self._answers  # in flight, at most
+        return Spend(
+            max(grown.cost * window, own.cost * burst, 0.0), int(max(grown.tokens * window, own.tokens * burst, 0))
+        )
 
     def total(self) -> Spend:
         """The spend the budget is held to: the run's as last seen, with this job's own since."""
@@ -198,11 +206,14 @@ class Limits:
 
     async def release(self, spent: Spend) -> None:
         """A conversation ended, having cost `spent`."""
-        self.in_flight -= 1
         self.spent = self.spent + spent
-        self._wake()
+        self._answers += 1
         if self._strict():
-            await self._fresh()  # near the end of the budget, the others see this answer at once
+            # Near the end of the budget its slot is given again only once the ledger holds its spend: a
+            # conversation counts against the budget or holds a slot, so at most `concurrency` run past it.
+            await self._fresh()
+        self.in_flight -= 1
+        self._wake()
 
     async def stop_run(self, reason: str, run_wide: bool = True) -> None:
         """No request can succeed: stop this job and (`run_wide`) every job of the run on the endpoint."""
