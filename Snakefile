@@ -7,7 +7,7 @@ from snakemake.utils import min_version, validate
 
 from eagle3_datagen.backends.service.lease import request_stop
 from eagle3_datagen.config_schema import fill_defaults
-from eagle3_datagen.workflow import cluster_fit, preflight
+from eagle3_datagen.workflow import canary, cluster_fit, preflight
 from eagle3_datagen.workflow.config_errors import describe
 from eagle3_datagen.workflow.settings import config_problems
 
@@ -86,15 +86,18 @@ rule all:
 
 onstart:
     # What would fail one of the jobs this run will run stops the run here, before its first job
-    # (--touch runs no job: it only marks outputs up to date).
+    # (--touch runs no job: it only marks outputs up to date); then the canary, one request with the
+    # settings of the OpenRouter responses it will ask for.
     if not workflow.touch:
+        SCHEDULED = preflight.scheduled_jobs(workflow.dag)
         preflight.raise_or_warn(
-            preflight.problems(
-                config,
-                preflight.scheduled_jobs(workflow.dag),
-                os.environ,
-                SGLANG_DEPLOYED,
-            ),
+            preflight.problems(config, SCHEDULED, os.environ, SGLANG_DEPLOYED),
+            dry_run=False,
+            warn=logger.warning,
+            error_type=WorkflowError,
+        )
+        preflight.raise_or_warn(
+            canary.check(config, SCHEDULED, logger.info),
             dry_run=False,
             warn=logger.warning,
             error_type=WorkflowError,

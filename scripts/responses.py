@@ -18,7 +18,7 @@ def main() -> None:
     p.add_argument("--stats", nargs="+", required=True)
     p.add_argument("--server-log", help="where a launched SGLang server writes its output")
     args = p.parse_args()
-    cli.setup(args, "responses")
+    cli.setup(args, "responses", torch_threads=args.settings["backend"] == "hf")  # the only one computing here
     if not len(args.prompts) == len(args.out) == len(args.stats):
         p.error("--prompts, --out and --stats need one path per shard each")
     shards = list(zip(args.prompts, args.out, args.stats, strict=True))

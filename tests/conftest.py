@@ -371,8 +371,7 @@ def openrouter_backend(url: str, **settings):
             base_url=url,
             model="moonshotai/kimi-k2.5",
             api_key_env=KEY_ENV,
-            retry=FAST_RETRY,
-            **settings,
+            **{"retry": FAST_RETRY, **settings},
         ),
     )
 

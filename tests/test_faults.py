@@ -123,6 +123,7 @@ def test_a_full_disk_during_the_responses_journal_loses_no_prompt(tmp_path, disk
     server = Loopback("unused", api_key="test-key", faults=FaultPlan(latency_s=0.02))
     job_settings = {
         "backend": "openrouter",
+        "max_failed_rate": 0.0,
         "sampling": SAMPLING,
         "openrouter": defaults("inference.openrouter", base_url=None, model="m", api_key_env=KEY_ENV, concurrency=2),
         "model": defaults("model", path=str(tmp_path / "model")),

@@ -114,7 +114,7 @@ def test_a_budget_stop_then_a_rerun_generates_only_what_is_missing_byte_for_byte
     assert batches == whole_batches[2:]  # the other groups, batched as the uninterrupted run batched them
     assert stats["throughput"]["prompts"] == 5 and stats["prompts"] == 8
     assert out.read_bytes() == whole_bytes
-    assert not journal_path(out).exists()
+    assert len(journal_path(out).read_text().splitlines()) == 1 + 8  # kept: the shard's answers
 
 
 def test_a_crash_then_a_rerun_keeps_what_was_journaled_and_matches_byte_for_byte(backend, tmp_path, uninterrupted):
@@ -160,9 +160,13 @@ def test_answers_do_not_depend_on_the_order_conversations_ask_in(backend):
     assert alone.content == forward[2].content and alone.output_ids == forward[2].output_ids
 
 
-def test_the_journal_is_kept_under_another_batch_size_and_set_aside_under_other_sampling(
+def test_the_journal_resumes_under_another_batch_size_outlives_the_output_and_a_raised_limit_keeps_what_ended(
     backend, tmp_path, monkeypatch
 ):
+    """The journal's answers are kept across a batch size (float bits, not meaning), across the output's
+    deletion (Snakemake deletes a job's outputs before it runs it again) and across a raised
+    max_new_tokens, for the answers that ended within the old one: only the truncated are asked again.
+    Other sampling sets the journal aside."""
     prompts, out = prompts_file(tmp_path / "prompts.jsonl.zst", n=4), tmp_path / "out.jsonl.zst"
     with pytest.raises(IncompleteRun):
         run(backend, prompts, out, Budgets(tokens=1))
@@ -170,10 +174,23 @@ def test_the_journal_is_kept_under_another_batch_size_and_set_aside_under_other_
         patched.setattr(backend, "batch_size", 4)
         stats = run(backend, prompts, out)
     assert stats["throughput"]["prompts"] == 1  # resumed: batch_size changes float bits, not meaning
+    before = {row["id"]: row for row in read_jsonl(out)}
     out.unlink()
-    with pytest.raises(IncompleteRun):
-        run(backend, prompts, out, Budgets(tokens=1))
-    monkeypatch.setattr(backend, "sampling", {**SAMPLING, "max_new_tokens": 7})
+    assert run(backend, prompts, out)["throughput"]["prompts"] == 0
+    truncated = {i for i, row in before.items() if row["status"] == "truncated"}
+    assert 0 < len(truncated) < 4
+    out.unlink()
+    monkeypatch.setattr(backend, "sampling", {**SAMPLING, "max_new_tokens": 12})
+    stats = run(backend, prompts, out)
+    assert stats["throughput"]["prompts"] == len(truncated)  # the others are the journal's
+    after = {row["id"]: row for row in read_jsonl(out)}
+    assert all(after[i] == before[i] for i in before if i not in truncated)
+    for i in truncated:  # the greedy answer again, further: the cut one is its beginning
+        old = next(m for m in before[i]["messages"] if m.get("finish_reason") == "length")
+        new = next(m for m in after[i]["messages"] if m.get("turn") == old["turn"] and m["role"] == "assistant")
+        assert new["output_ids"][:6] == old["output_ids"] and len(new["output_ids"]) > 6
+    out.unlink()
+    monkeypatch.setattr(backend, "sampling", {**SAMPLING, "max_new_tokens": 12, "top_k": 3})
     stats = run(backend, prompts, out)
     assert stats["throughput"]["prompts"] == 4
     assert journal_path(out).with_name(journal_path(out).name + ".stale").exists()
@@ -189,6 +206,7 @@ def test_a_job_loads_the_model_once_and_its_token_budget_stops_it(model_dir, tmp
     ]
     settings = {
         "backend": "hf",
+        "max_failed_rate": 0.0,
         "model": {"path": str(model_dir), **THINKING_OFF},
         "sampling": SAMPLING,
         "hf": defaults("inference.hf", batch_size=2),

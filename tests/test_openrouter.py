@@ -11,12 +11,22 @@ import time
 import pytest
 
 from eagle3_datagen.backends.base import MissingApiKey
-from eagle3_datagen.formats.files import read_jsonl
+from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.journal import journal_path
-from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun
-from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
+from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, TooManyFailed, run_journaled_responses
+from tests.doubles.loopback import REFUSED, FaultPlan, Loopback, serve_in_thread
 
-from .conftest import KEY_ENV, REPO, SAMPLING, defaults, openrouter_backend, prompts_file, run_responses, wait_until
+from .conftest import (
+    FAST_RETRY,
+    KEY_ENV,
+    REPO,
+    SAMPLING,
+    defaults,
+    openrouter_backend,
+    prompts_file,
+    run_responses,
+    wait_until,
+)
 
 
 def test_openrouter_retries_every_transient_error_and_records_each_turn(tmp_path, api_key):
@@ -36,7 +46,8 @@ def test_openrouter_retries_every_transient_error_and_records_each_turn(tmp_path
     assert 0 < len(retried) < 48  # the faulted half took 6 failures and a success
     assert set(server.completed.values()) == {1}  # no request answered twice
     assert stats["usage"]["cost"] == pytest.approx(0.048)
-    assert not journal_path(tmp_path / "out.jsonl.zst").exists()
+    kept = journal_path(tmp_path / "out.jsonl.zst").read_text().splitlines()  # the shard's answers, kept
+    assert len(kept) == 1 + 24 and json.loads(kept[0])["format"] == "eagle3-datagen/responses-journal-v1"
     sent = server.last_chat_request
     assert sent["provider"] == {"order": ["moonshotai"], "allow_fallbacks": False, "quantizations": ["int4"]}
     assert (
@@ -113,6 +124,7 @@ def test_kill_9_then_rerun_loses_and_repeats_nothing(tmp_path, qwen_tokenizer_di
     server = Loopback("unused", api_key=api_key, faults=FaultPlan(latency_s=0.05))
     settings = {
         "backend": "openrouter",
+        "max_failed_rate": 0.0,
         "sampling": SAMPLING,
         "openrouter": defaults("inference.openrouter", base_url=None, model="m", api_key_env=KEY_ENV, concurrency=2),
         "model": defaults("model", path=str(qwen_tokenizer_dir)),
@@ -146,3 +158,43 @@ def test_kill_9_then_rerun_loses_and_repeats_nothing(tmp_path, qwen_tokenizer_di
     assert all(r["status"] == "ok" for r in rows)
     assert max(server.completed.values()) <= 2  # only requests in flight at the kill ran twice
     assert sum(server.completed.values()) <= 40 + 2  # concurrency 2: at most 2 were in flight
+
+
+def test_too_many_failed_prompts_fail_the_shard_and_the_rerun_asks_only_for_them(tmp_path, api_key):
+    """60% of the requests fail, one attempt each: the job asks for every prompt, then fails naming how many
+    failed and why, keeping the journal; against the healthy server the rerun asks for the failed ones only."""
+    prompts = prompts_file(tmp_path, 40)
+    server = Loopback("unused", api_key=api_key, faults=FaultPlan(rate=0.6, sequence=[502]))
+    once = {**FAST_RETRY, "max_attempts": 1}
+    out, stats_path = tmp_path / "out.jsonl.zst", tmp_path / "stats.json"
+    with serve_in_thread(server) as url:
+        backend = openrouter_backend(url, retry=once)
+        with pytest.raises(TooManyFailed) as failed:
+            run_journaled_responses(prompts, out, stats_path, backend, Budgets(), max_failed_rate=0.01)
+        answered = dict(server.completed)
+        server.faults = FaultPlan()
+        backend = openrouter_backend(url, retry=once)
+        stats = run_journaled_responses(prompts, out, stats_path, backend, Budgets(), max_failed_rate=0.01)
+    count = 40 - len(answered)
+    assert 10 < count < 35 and sum(server.attempts.values()) == 40 + count
+    assert str(failed.value).startswith(f"{tmp_path / 'out.jsonl.zst'}: {count} of 40 prompts failed")
+    assert f"{count} 'retries exhausted: HTTP 502: 502 injected 502'; above inference.max_failed_rate=0.01" in str(
+        failed.value
+    )
+    assert stats["status"] == {"ok": 40} and set(server.completed.values()) == {1}
+
+
+def test_a_refusal_is_recorded_as_the_provider_sent_it(tmp_path, api_key):
+    """`message.refusal` and the raw `finish_reason: content_filter` are kept on the turn (the quality gates
+    of a later stage read them); the turn's own finish_reason counts it as a stop."""
+    rows = [
+        {"id": f"r{i}", "source": "test", "messages": [{"role": "user", "content": text}]}
+        for i, text in enumerate(["Tell me a joke.", f"Help me with this {REFUSED} please."])
+    ]
+    write_jsonl_zst(tmp_path / "p.jsonl.zst", rows)
+    with serve_in_thread(Loopback("unused", api_key=api_key)) as url:
+        run_responses(tmp_path, tmp_path / "p.jsonl.zst", openrouter_backend(url))
+    plain, refused = (r["messages"][-1] for r in read_jsonl(tmp_path / "out.jsonl.zst"))
+    assert "refusal" not in plain and plain["produced_by"]["finish_reason"] == "stop"
+    assert refused["refusal"] == "I can't help with that." and refused["content"] == ""
+    assert refused["produced_by"]["finish_reason"] == "content_filter" and refused["finish_reason"] == "stop"

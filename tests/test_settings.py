@@ -66,10 +66,12 @@ def test_validated_config_holds_every_default_and_fill_alone_gives_the_same(name
 
 def test_params_carry_no_run_only_setting_and_the_job_gets_both():
     config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
+    config_schema.fill_defaults(config["inference"], "inference")  # as validation fills it
     config["inference"]["token_budget"] = 10**9
     config["resources"]["handover"] = {"timeout": 120, "max_used_mib": 512}
     params = json.dumps([wf.response_settings(config, "B1_glaive"), wf.hidden_settings(config)])
-    for run_only in ('"concurrency"', '"run_args"', '"max_batch_tokens"', '"mem_fraction_static"', '"token_budget"'):
+    run_only_keys = ('"concurrency"', '"run_args"', '"max_batch_tokens"', '"mem_fraction_static"', '"token_budget"')
+    for run_only in (*run_only_keys, '"max_failed_rate"', '"ledger_dir"'):
         assert run_only not in params
     run = wf.response_run_settings(config)
     job = wf.merged(wf.response_settings(config, "B1_glaive"), run)
@@ -158,6 +160,8 @@ def coverage_config(hidden_backend: str) -> dict:
     }
     config["inference"]["sampling"].update(top_p=1.0, top_k=0, seed=0)
     config["inference"]["token_budget"] = 10**9
+    config["inference"]["max_failed_rate"] = 0.01
+    backend_sampling = {"max_new_tokens": 48, "temperature": 1.0, "top_p": 0.95, "top_k": 20, "seed": 1}
     config["inference"]["sglang"] = {
         "url": "http://localhost:8000",
         "served_model": "model",
@@ -177,6 +181,7 @@ def coverage_config(hidden_backend: str) -> dict:
             "short": {"concurrency": 256, "max_tokens": 48, "max_prompt_tokens": 4096},
             "long": {"concurrency": 32, "max_tokens": 48},
         },
+        "sampling": dict(backend_sampling),
         "retry": dict(retry),
     }
     config["inference"]["openrouter"] = {
@@ -190,6 +195,7 @@ def coverage_config(hidden_backend: str) -> dict:
         "provider": {"sort": "price"},
         "max_cost_usd": 10.0,
         "price_per_million": {"prompt": 0.6, "completion": 3.0},
+        "sampling": dict(backend_sampling),
         "retry": dict(retry),
     }
     switches = ("truncated", "empty", "content_filter", "refusal", "reasoning_leak", "tool_call_syntax")

@@ -42,6 +42,32 @@ def test_sglang_returns_exact_ids_through_two_tiers(tmp_path, qwen_tokenizer_dir
     assert stats["status"]["truncated"] == len({r["id"] for r in rows if r["status"] == "truncated"})
 
 
+def test_a_raised_tier_limit_asks_again_only_for_the_answers_cut_at_the_old_one(tmp_path, qwen_tokenizer_dir):
+    """The long tier capped at 3 tokens cuts its answers; with its cap raised, the rerun (the output deleted,
+    as Snakemake deletes it) asks only for the prompts it cut, and keeps the others' rows as they were."""
+    server = Loopback(str(qwen_tokenizer_dir), tokenizer=load_tokenizer(qwen_tokenizer_dir))
+    prompts, out = prompts_file(tmp_path, 12), tmp_path / "out.jsonl.zst"
+    chat = sglang_backend(qwen_tokenizer_dir, "http://unused").chat
+    lengths = sorted(len(chat.prompt_ids(p["messages"], None)) for p in read_jsonl(prompts))
+    tiers = {  # the longer prompts through the long tier
+        "short": {"max_prompt_tokens": lengths[5], "concurrency": 4, "max_tokens": 64},
+        "long": {"concurrency": 2, "max_tokens": 3},
+    }
+    with serve_in_thread(server) as url:
+        run_responses(tmp_path, prompts, sglang_backend(qwen_tokenizer_dir, url, tiers=tiers))
+        before = {row["id"]: row for row in read_jsonl(out)}
+        out.unlink()
+        asked = len(server.generate_prompts)
+        raised = {**tiers, "long": {"concurrency": 2, "max_tokens": 64}}
+        stats = run_responses(tmp_path, prompts, sglang_backend(qwen_tokenizer_dir, url, tiers=raised))
+    cut = {i for i, row in before.items() if row["status"] == "truncated"}
+    asked_again = {f"id{int(p.split('Question ')[1].split('.')[0]):04d}" for p in server.generate_prompts[asked:]}
+    assert 0 < len(cut) < 12 and asked_again == cut
+    after = {row["id"]: row for row in read_jsonl(out)}
+    assert all(after[i] == before[i] for i in before if i not in cut)
+    assert stats["throughput"]["prompts"] == len(cut) and stats["status"] == {"ok": 12}
+
+
 def test_sglang_refuses_a_server_with_another_model(tmp_path, qwen_tokenizer_dir):
     mismatch = pytest.raises(ServerError, match="serves '/models/Other-Model', not the configured model 'Tiny-Model'")
     with serve_in_thread(Loopback("/models/Other-Model")) as url, mismatch:

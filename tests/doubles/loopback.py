@@ -4,12 +4,16 @@ Tests and benchmarks run the real backends against it: `/health`, `/model_info` 
 `/generate` answer as SGLang does (exact `output_ids` from the model's tokenizer, the matched
 end-of-turn token included), `/chat/completions` as OpenRouter does (text, reasoning, usage
 with cost, provider). Faults follow a plan: for the requests whose content hashes into
-1/`every` of them, attempt k gets `sequence[k-1]` (an HTTP status, `"200-error"` or
-`"200-empty"`), later attempts succeed. `credits` makes every completion after that many
-answer 402. A tool script makes the stand-in model call tools: after a user turn that contains
-a script entry's `trigger`, `/generate` emits that call in the template's own tool-call markers
-and `/chat/completions` returns it in `message.tool_calls`; once a call follows the trigger it
-answers in text. `/generate` closes a think block its prompt opens. Runnable as a server
+1/`every` of them (or into the first `rate` of them: an outage of that share), attempt k gets
+`sequence[k-1]` (an HTTP status, `"200-error"` or `"200-empty"`), later attempts succeed. `credits`
+makes every completion after that many answer 402; `require` answers 400 ("invalid temperature: ...")
+to a chat request whose parameter differs from the value it names (a provider that takes only
+temperature 1); a user turn holding `[refuse]` gets a refusal as a content filter gives it. The
+server counts requests in flight (`max_in_flight`, in /stats) and the answers
+given per request content (`completed`). A tool script makes the stand-in model call tools: after a
+user turn that contains a script entry's `trigger`, `/generate` emits that call in the template's own
+tool-call markers and `/chat/completions` returns it in `message.tool_calls`; once a call follows the
+trigger it answers in text. `/generate` closes a think block its prompt opens. Runnable as a server
 (`python -m tests.doubles.loopback --help`), also in the place of `sglang.launch_server`; started with
 `--speculative-algorithm EAGLE3` (and `--speculative-num-steps N`), `/generate` also reports the figures
 SGLang's EAGLE3 does (`spec_verify_ct`: a verify step per N + 1 tokens; `spec_accept_length`), so that
@@ -35,6 +39,10 @@ from aiohttp import web
 from eagle3_datagen.chat.template import load_tokenizer
 from eagle3_datagen.chat.tool_calls import derive_markers
 
+# A user turn holding this is refused as a provider's content filter refuses (`message.refusal`,
+# `finish_reason: content_filter`).
+REFUSED = "[refuse]"
+
 
 @dataclass
 class FaultPlan:
@@ -44,6 +52,8 @@ class FaultPlan:
     latency_s: float = 0.0
     credits: int | None = None  # completions before 402
     reject: list = field(default_factory=list)  # substrings of user content answered 400
+    rate: float = 0.0  # the share of requests (by content) that get `sequence`'s faults
+    require: dict = field(default_factory=dict)  # chat parameter -> the only value taken (else 400)
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,8 @@ class Loopback:
         self.status_counts: Counter = Counter()
         self.last_chat_request: dict | None = None
         self.generate_prompts: list[str] = []  # each /generate prompt, decoded
+        self.in_flight = 0
+        self.max_in_flight = 0
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -93,13 +105,19 @@ class Loopback:
 
     async def stats(self, _request) -> web.Response:
         return web.json_response(
-            {"attempts": dict(self.attempts), "completed": dict(self.completed), "status": dict(self.status_counts)}
+            {
+                "attempts": dict(self.attempts),
+                "completed": dict(self.completed),
+                "status": dict(self.status_counts),
+                "max_in_flight": self.max_in_flight,
+            }
         )
 
     def _fault(self, key: str) -> object | None:
         attempt = self.attempts[key]
         plan = self.faults
-        if plan.every and int(key[:8], 16) % plan.every == 0 and attempt <= len(plan.sequence):
+        faulted = (plan.every and int(key[:8], 16) % plan.every == 0) or int(key[:8], 16) < plan.rate * 16**8
+        if faulted and attempt <= len(plan.sequence):
             return plan.sequence[attempt - 1]
         if plan.credits is not None and sum(self.completed.values()) >= plan.credits:
             return 402
@@ -120,8 +138,13 @@ class Loopback:
 
     async def _admit(self, key: str) -> web.Response | None:
         self.attempts[key] += 1
-        if self.faults.latency_s:
-            await asyncio.sleep(self.faults.latency_s)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.faults.latency_s:
+                await asyncio.sleep(self.faults.latency_s)
+        finally:
+            self.in_flight -= 1
         fault = self._fault(key)
         return None if fault is None else self._error(fault)
 
@@ -174,6 +197,12 @@ class Loopback:
             self.attempts[key] += 1
             self.status_counts["400"] += 1
             return web.json_response({"error": {"code": 400, "message": "invalid request"}}, status=400)
+        for name, value in self.faults.require.items():
+            if body.get(name) != value:
+                self.attempts[key] += 1
+                self.status_counts["400"] += 1
+                message = f"invalid {name}: only {value} is allowed for this model"
+                return web.json_response({"error": {"code": 400, "message": message}}, status=400)
         error = await self._admit(key)
         if error is not None:
             return error
@@ -194,6 +223,9 @@ class Loopback:
         }
         reasoning = "Considering it." if (body.get("reasoning") or {}).get("enabled") else None
         choice = {"message": {"role": "assistant", "content": content, "reasoning": reasoning}}
+        if REFUSED in last_user:  # a provider's content filter: no content, its refusal, finish_reason as sent
+            choice["message"].update(content=None, refusal="I can't help with that.")
+            finish = "content_filter"
         if call is not None:
             call_id = f"call_{hashlib.sha256(key.encode()).hexdigest()[:8]}"  # an OpenAI-style id, not Kimi's
             function = {"name": call.name, "arguments": call.arguments}

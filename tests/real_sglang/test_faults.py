@@ -72,6 +72,7 @@ def test_a_killed_and_a_hung_server_are_restarted_and_the_shard_loses_no_prompt(
     # the responses rule's settings merged with the run-only ones, as a job gets them
     settings = {
         "backend": "sglang",
+        "max_failed_rate": 0.0,
         "model": fill_defaults({"path": str(served_model_dir)}, "model"),
         "sampling": fill_defaults({"max_new_tokens": MAX_TOKENS, "temperature": 0.0}, "inference.sampling"),
         "sglang": fill_defaults(

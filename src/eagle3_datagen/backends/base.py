@@ -69,9 +69,15 @@ class AsyncGenerationBackend(Protocol):
     name: str
     model: str
     concurrency: int  # conversations in flight
+    limit_keys: tuple[str, ...]  # the fingerprint's length limits, as dotted paths (a number indexes a list)
 
     def fingerprint(self) -> dict:
-        """The settings that shape a response (a journal written under others is not reused)."""
+        """The settings that shape a response (a journal written under others is not reused, but for the
+        answers a changed length limit would give again)."""
+        ...
+
+    def limit_for(self, message: dict) -> int:
+        """The token limit a recorded assistant turn (`message`) would be generated under now."""
         ...
 
     async def __aenter__(self) -> AsyncGenerationBackend: ...
@@ -169,7 +175,8 @@ class RetryableError(Exception):
 
 
 class RequestFailed(Exception):
-    """This request is wrong and will not succeed (400, 403): the prompt is recorded as failed."""
+    """This request is wrong and will not succeed (a 400 about the prompt, a 403 flagging its input): the
+    prompt is recorded as failed."""
 
     def __init__(self, reason: str):
         super().__init__(reason)

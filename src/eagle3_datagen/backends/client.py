@@ -1,13 +1,21 @@
-"""The HTTP session both API backends use: one aiohttp session, retried POSTs."""
+"""The HTTP session both API backends use: one aiohttp session, retried POSTs.
+
+At 2,000 requests in flight the client's own CPU per request decides the rate (BENCHMARKS.md): bodies
+are encoded and parsed with orjson, and a request's first attempt runs without tenacity's machinery,
+which only a failed attempt enters.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import aiohttp
+import orjson
 
 from eagle3_datagen.backends.base import RetryableError, ServerGone
 from eagle3_datagen.backends.http import RetryPolicy, classify, parse_retry_after
+
+JSON = {"Content-Type": "application/json"}  # every POST's body (a session header: no merge per request)
 
 
 class JsonClient:
@@ -34,7 +42,7 @@ class JsonClient:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=self.connections),
             timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-            headers=self._headers,
+            headers={**JSON, **self._headers},
         )
 
     async def close(self) -> None:
@@ -45,13 +53,14 @@ class JsonClient:
         async with self.session.get(self.base_url + path) as resp:
             return resp.status, await resp.json(content_type=None)
 
-    async def _attempt(self, path: str, payload: dict, check) -> dict:
+    async def _attempt(self, path: str, payload: bytes, check) -> dict:
         try:
-            async with self.session.post(self.base_url + path, json=payload) as resp:
+            async with self.session.post(self.base_url + path, data=payload) as resp:
+                data = await resp.read()
                 try:
-                    body = await resp.json(content_type=None)
-                except ValueError:
-                    body = {"error": {"message": (await resp.text())[:300]}}
+                    body = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    body = {"error": {"message": data.decode(errors="replace")[:300]}}
                 if resp.status != 200:
                     raise classify(resp.status, body, parse_retry_after(resp.headers.get("Retry-After")))
         except (TimeoutError, aiohttp.ClientError) as e:
@@ -63,9 +72,17 @@ class JsonClient:
 
     async def post(self, path: str, payload: dict, check=lambda body: None) -> tuple[dict, int]:
         """POST with retries; returns the body and the number of attempts it took."""
+        data = orjson.dumps(payload)
+        try:
+            return await self._attempt(path, data, check), 1
+        except RetryableError as error:
+            first: RetryableError | None = error
         async for attempt in self.retry.retrying():
             with attempt:
-                body = await self._attempt(path, payload, check)
+                if first is not None:  # the first attempt, made above, failed: tenacity takes it from here
+                    error, first = first, None
+                    raise error
+                body = await self._attempt(path, data, check)
             if not attempt.retry_state.outcome.failed:
                 return body, attempt.retry_state.attempt_number
         raise AssertionError("unreachable: tenacity reraises the last error")

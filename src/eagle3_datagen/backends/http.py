@@ -4,15 +4,17 @@ An attempt either returns a parsed body or raises one of:
 - `RetryableError`: 408, 429, 5xx, a 200 whose body carries an `error` object or no choice,
   a connection error or a timeout. Retried with capped exponential backoff and jitter, or
   after the server's `Retry-After` when it sends one.
-- `RequestFailed`: the request itself is wrong (400, 403, a 402 that will not clear): recorded
-  as this prompt's failure, not retried.
-- `StopRun`: nothing more can succeed (401, a 402 without Retry-After): no new requests start;
-  finished work stays in the journal.
+- `RequestFailed`: this request is wrong and the next may not be (a 400 about the prompt, such as
+  its length; a 403 that flags this input): recorded as this prompt's failure, not retried.
+- `StopRun`: no request can succeed (401, a 402 without Retry-After, a 403 that flags no input, a
+  404, a 400 that names a parameter the run sends with every request): no new requests start, in
+  this job or any other of the run; finished work stays in the journal.
 """
 
 from __future__ import annotations
 
 import email.utils
+import re
 import time
 from dataclasses import dataclass
 
@@ -39,6 +41,16 @@ def error_message(body: object) -> str:
     return str(body)[:300]
 
 
+# A 400 whose message names one of these is about a setting every request carries (OpenRouter's
+# "invalid or missing params"); one about the context length is about this prompt.
+REQUEST_WIDE_400 = re.compile(
+    r"\b(temperature|top_p|top_k|seed|max_tokens|max_new_tokens|reasoning|provider|model|tool_choice|"
+    r"parameters?|sampling_params)\b",
+    re.IGNORECASE,
+)
+PROMPT_400 = re.compile(r"context (length|window)|too (long|many tokens)|prompt is too", re.IGNORECASE)
+
+
 def classify(status: int, body: object, retry_after: float | None) -> Exception:
     """The exception for a non-200 answer, by OpenRouter's and SGLang's documented statuses."""
     reason = f"HTTP {status}: {error_message(body)}"
@@ -50,7 +62,20 @@ def classify(status: int, body: object, retry_after: float | None) -> Exception:
         return StopRun(f"{reason}; the account is out of credits: add credits, then rerun to continue")
     if status in (408, 429) or status >= 500:
         return RetryableError(reason, retry_after)
+    if status == 403 and not _flags_input(body):
+        return StopRun(f"{reason}; the key may not use this model or route (a guardrail, a key limit, permissions)")
+    if status == 404:
+        return StopRun(f"{reason}; no endpoint serves this model with the run's routing and parameters")
+    if status == 400 and REQUEST_WIDE_400.search(reason) and not PROMPT_400.search(reason):
+        return StopRun(f"{reason}; a setting every request sends is refused: fix it in the config")
     return RequestFailed(reason)
+
+
+def _flags_input(body: object) -> bool:
+    """Whether a 403 is moderation flagging this request's input (its metadata names reasons or the input)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    metadata = error.get("metadata") if isinstance(error, dict) else None
+    return isinstance(metadata, dict) and bool(metadata.get("reasons") or metadata.get("flagged_input"))
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,17 @@ is also how the history sends them back.
 
 The API key is read from the environment variable named by `api_key_env` and lives only in
 the HTTP session's headers: never in settings, logs, outputs or error messages.
+
+How many requests are in flight is the responses driver's business (its share of the run's
+`concurrency`, `stages.responses.limits`): one request per conversation in flight.
+
+What the gates of later stages read is recorded as the provider sent it: the raw `finish_reason`
+(e.g. `content_filter`, which the turn's own `finish_reason` counts as a stop) in `produced_by`, and
+`message.refusal`, when the provider sends one, as the assistant message's `refusal`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 
@@ -55,7 +61,14 @@ class OpenRouterBackend:
             RetryPolicy.from_config(settings["retry"]),
             headers={"Authorization": f"Bearer {key}"},
         )
-        self._slots = asyncio.Semaphore(self.concurrency)
+
+    # The settings that cap an answer's length (dotted paths into the fingerprint): a raised one keeps the
+    # answers that ended within the old one.
+    limit_keys = ("max_tokens", "sampling.max_new_tokens")
+
+    def limit_for(self, message: dict) -> int:
+        """The token limit a recorded turn would be answered under now."""
+        return self.max_tokens
 
     def fingerprint(self) -> dict:
         return {
@@ -93,10 +106,7 @@ class OpenRouterBackend:
         return payload
 
     async def generate(self, messages: list[dict], tools: list[dict] | None = None) -> Turn:
-        async with self._slots:
-            body, attempts = await self.client.post(
-                "/chat/completions", self._payload(messages, tools), _check_completion
-            )
+        body, attempts = await self.client.post("/chat/completions", self._payload(messages, tools), _check_completion)
         choice = body["choices"][0]
         message = choice["message"]
         usage = body.get("usage") or {}
@@ -106,7 +116,7 @@ class OpenRouterBackend:
             openai_call(call["function"]["name"], _arguments(call["function"].get("arguments")), first + i)
             for i, call in enumerate(message.get("tool_calls") or ())
         ]
-        extra = {"reasoning_details": message["reasoning_details"]} if message.get("reasoning_details") else {}
+        extra = {key: message[key] for key in ("reasoning_details", "refusal") if message.get(key)}
         return Turn(
             content=message.get("content") or "",
             reasoning=message.get("reasoning") or "",

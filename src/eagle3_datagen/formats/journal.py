@@ -1,11 +1,16 @@
-"""An append-only journal of finished response rows, so that a killed job loses nothing.
+"""An append-only journal of finished response rows: a killed job loses nothing, and a shard's answers
+outlive its output.
 
-Each finished prompt (a success or a failure with its reason) is appended as one JSON line
-and flushed as soon as it completes. A rerun reads the journal, skips every id in it and
-appends the rest. The first line fingerprints the settings that shape a response: a journal
-written under other settings is moved aside, never mixed in, and says when the journal was begun. A
-line torn by `kill -9` is cut off when the journal is reopened. `read_journal` reads one while its job
-appends (the live status).
+Each finished prompt (a success or a failure with its reason) is appended as one JSON line and flushed
+as soon as it completes. A rerun reads the journal, keeps every answered id and appends the rest; a
+failed row is not kept, so the rerun asks for it again (a later line for an id replaces an earlier
+one). The first line fingerprints the settings that shape a response. A journal written under other
+settings is moved aside, never mixed in, unless the caller says which of its rows the new settings
+would still produce (a raised token limit keeps the answers that ended within the old one): those are
+kept, the journal rewritten with them under the new fingerprint. The journal stays beside the output
+when the shard is done (Snakemake deletes a job's outputs before it runs it again; the journal is no
+output). The header says when the journal was begun (`started`). A line torn by `kill -9` is cut off when the
+journal is reopened. `read_journal` reads one while its job appends (the live status).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -27,43 +33,98 @@ def journal_path(out_path: str | Path) -> Path:
     return out_path.with_name(f".{out_path.name}.journal.jsonl")
 
 
+def row_spend(row: dict) -> tuple[float, int]:
+    """The dollars and prompt + completion tokens a row's regenerated turns cost."""
+    cost, tokens = 0.0, 0
+    for message in row["messages"]:
+        if message["role"] == "assistant":
+            usage = message.get("usage") or {}
+            tokens += usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+            cost += usage.get("cost", 0.0) or 0.0
+    return cost, tokens
+
+
+def _read(path: Path) -> tuple[dict, dict[str, dict], int]:
+    """(header, the rows by id (the last line of each id; failed ones left out), bytes of complete lines)."""
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    lines = complete.splitlines()
+    header = orjson.loads(lines[0]) if lines else {}
+    rows = {}
+    for line in lines[1:]:
+        row = orjson.loads(line)
+        rows[row["id"]] = row
+    return header, {k: r for k, r in rows.items() if r["status"] != "failed"}, len(complete)
+
+
+def journal_spend(path: Path, backend: str, model: str) -> dict | None:
+    """The spend of a journal's kept rows, if it exists and was written by `backend` for `model`."""
+    if not path.exists():
+        return None
+    header, rows, _ = _read(path)
+    fingerprint = orjson.loads(header.get("fingerprint") or "{}")
+    if (fingerprint.get("backend"), fingerprint.get("model")) != (backend, model):
+        return None
+    cost = sum(row_spend(row)[0] for row in rows.values())
+    return {"cost": round(cost, 9), "tokens": sum(row_spend(row)[1] for row in rows.values())}
+
+
 class Journal:
-    def __init__(self, path: str | Path, fingerprint: str):
+    def __init__(
+        self,
+        path: str | Path,
+        fingerprint: str,
+        still_valid: Callable[[str], Callable[[dict], bool] | None] = lambda _old: None,
+    ):
+        """`still_valid(old_fingerprint)`: for a journal written under other settings, which of its rows
+        the current ones would still produce (a test of a row), or None: none of them."""
         self.path = Path(path)
         self.fingerprint = fingerprint
         self.rows: dict[str, dict] = {}
-        self._load()
+        self._load(still_valid)
         self._file = self.path.open("ab")
 
-    def _load(self) -> None:
+    def _load(self, still_valid) -> None:
         if not self.path.exists():
-            self._start()
+            self._start([])
             return
-        data = self.path.read_bytes()
-        complete = data[: data.rfind(b"\n") + 1]
-        lines = complete.splitlines()
-        header = orjson.loads(lines[0]) if lines else {}
+        header, rows, complete = _read(self.path)
+        if header.get("format") == FORMAT and header.get("fingerprint") != self.fingerprint:
+            valid = still_valid(header.get("fingerprint") or "{}")
+            if valid is not None:
+                kept = [row for row in rows.values() if valid(row)]
+                log.info(
+                    "%s: written under other length limits; kept the %d of %d answers that ended within them, "
+                    "asking again for the rest",
+                    self.path,
+                    len(kept),
+                    len(rows),
+                )
+                self._start(kept)
+                return
         if header.get("format") != FORMAT or header.get("fingerprint") != self.fingerprint:
             stale = self.path.with_name(self.path.name + ".stale")
             os.replace(self.path, stale)
             log.warning("%s was written under other settings; moved to %s, starting afresh", self.path, stale)
-            self._start()
+            self._start([])
             return
-        if len(complete) < len(data):
-            log.warning(
-                "%s: cut a torn last line (%d bytes) left by a killed run", self.path, len(data) - len(complete)
-            )
+        size = self.path.stat().st_size
+        if complete < size:
+            log.warning("%s: cut a torn last line (%d bytes) left by a killed run", self.path, size - complete)
             with self.path.open("r+b") as f:
-                f.truncate(len(complete))
-        for line in lines[1:]:
-            row = orjson.loads(line)
-            self.rows[row["id"]] = row
-        log.info("%s: %d finished rows from earlier runs", self.path, len(self.rows))
+                f.truncate(complete)
+        self.rows = rows
+        log.info("%s: %d answered rows from earlier runs", self.path, len(self.rows))
 
-    def _start(self) -> None:
+    def _start(self, rows: list[dict]) -> None:
+        """A fresh journal holding `rows`, written whole under a temporary name and renamed into place."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        header = {"format": FORMAT, "fingerprint": self.fingerprint, "started": time.time()}
-        self.path.write_bytes(orjson.dumps(header) + b"\n")
+        lines = [orjson.dumps({"format": FORMAT, "fingerprint": self.fingerprint, "started": time.time()})]
+        lines += [orjson.dumps(row) for row in rows]
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_bytes(b"\n".join(lines) + b"\n")
+        os.replace(partial, self.path)
+        self.rows = {row["id"]: row for row in rows}
 
     def append(self, row: dict) -> None:
         self._file.write(orjson.dumps(row) + b"\n")
@@ -72,10 +133,6 @@ class Journal:
 
     def close(self) -> None:
         self._file.close()
-
-    def remove(self) -> None:
-        self.close()
-        self.path.unlink(missing_ok=True)
 
 
 def read_journal(path: str | Path) -> tuple[dict, dict[str, dict]]:

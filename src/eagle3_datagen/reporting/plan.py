@@ -34,6 +34,7 @@ from eagle3_datagen.workflow.settings import (
     DATASET,
     inference_backend,
     prompt_partition,
+    sampling_for,
     served_by_launched_server,
     shard_names,
 )
@@ -222,8 +223,8 @@ def plan_rates(config: dict, logs: str | Path = "logs") -> dict:
 def plan_partition(config: dict, partition: str, tokenizer, results: Path, rates: dict | None = None) -> PartitionPlan:
     backend = inference_backend(config, partition)
     inference = config["inference"]
-    # absent (hf and dataset have none): sampling.max_new_tokens
-    max_tokens = (inference.get(backend) or {}).get("max_tokens") or inference["sampling"]["max_new_tokens"]
+    # absent (hf and dataset have none): the backend's sampling.max_new_tokens
+    max_tokens = (inference.get(backend) or {}).get("max_tokens") or sampling_for(config, backend)["max_new_tokens"]
     template_kwargs = config["model"]["chat_template_kwargs"]
     prompts = user_turns = prompt_tokens = 0
     for shard in shard_names(config, partition):

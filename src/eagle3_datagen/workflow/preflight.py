@@ -76,13 +76,7 @@ def problems(
     """
     jobs = list(jobs)
     found = []
-    openrouter = sorted(
-        {
-            j.partition
-            for j in jobs
-            if j.rule in RESPONSE_RULES and inference_backend(config, j.partition) == "openrouter"
-        }
-    )
+    openrouter = openrouter_partitions(config, jobs)
     if openrouter:
         found += _openrouter_problems(config, openrouter, environ)
     if "demo" not in config and any(not j.rule.startswith("prompts_") and j.rule not in NO_MODEL_RULES for j in jobs):
@@ -92,6 +86,12 @@ def problems(
     found += _specforge_problems(config, jobs, environ, sglang_deployed)
     found += _disk_problems(jobs, Path(results), Path(plan_file))
     return found
+
+
+def openrouter_partitions(config: dict, jobs: Iterable[Job]) -> list[str]:
+    """The partitions whose scheduled responses jobs call OpenRouter."""
+    responses = {j.partition for j in jobs if j.rule in RESPONSE_RULES}
+    return sorted(p for p in responses if inference_backend(config, p) == "openrouter")
 
 
 def _openrouter_problems(config: dict, partitions: list[str], environ: Mapping[str, str]) -> list[str]:

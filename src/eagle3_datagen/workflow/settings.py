@@ -144,12 +144,16 @@ def response_settings(config: dict, partition: str) -> dict:
     if backend == DATASET:
         return {"backend": backend, DATASET: dataset_settings(config, partition), "model": model_settings(config)}
     inference = config["inference"]
-    return {
-        "backend": backend,
-        "sampling": inference["sampling"],
-        backend: split(inference[backend], f"inference.{backend}")[0],
-        "model": model_settings(config),
-    }
+    own = split(inference[backend], f"inference.{backend}")[0]
+    own.pop("sampling", None)  # merged into `sampling`
+    sampling = sampling_for(config, backend)
+    return {"backend": backend, "sampling": sampling, backend: own, "model": model_settings(config)}
+
+
+def sampling_for(config: dict, backend: str) -> dict:
+    """The sampling a backend generates with: `inference.sampling`, with the keys its own `sampling` sets
+    over it (e.g. an API that takes only temperature 1 beside a greedy local server)."""
+    return {**config["inference"]["sampling"], **((config["inference"].get(backend) or {}).get("sampling") or {})}
 
 
 def dataset_settings(config: dict, partition: str) -> dict:
@@ -160,18 +164,22 @@ def dataset_settings(config: dict, partition: str) -> dict:
     return settings
 
 
+# The run's ledgers (backends/ledger.py): one per endpoint, shared by every responses job of the run.
+LEDGER_DIR = "results/.ledger"
+
+
 def response_run_settings(config: dict) -> dict:
     """What governs a responses job, for every backend (a job reads its own backend's), the GPUs a
     launched server's job step asks for under SLURM, and how it waits for their memory."""
     inference = config["inference"]
     # openrouter has settings without a default: absent where no partition uses it
     run = {b: split(inference.get(b), f"inference.{b}")[1] for b in BACKENDS}
-    resources = config["resources"]
-    # no token_budget: no budget
     return {
-        "token_budget": inference.get("token_budget"),
-        "gpus": resources["gpus_per_node"],
-        "handover": resources["handover"],
+        "token_budget": inference.get("token_budget"),  # absent: no budget
+        "max_failed_rate": inference["max_failed_rate"],
+        "ledger_dir": LEDGER_DIR,
+        "gpus": config["resources"]["gpus_per_node"],
+        "handover": config["resources"]["handover"],
         **run,
     }
 
@@ -210,7 +218,7 @@ def probe_settings(config: dict, partition: str) -> dict:
     backend = inference_backend(config, partition)
     greedy_exact = (
         backend in ID_BACKENDS
-        and config["inference"]["sampling"]["temperature"] == 0.0
+        and sampling_for(config, backend)["temperature"] == 0.0
         and config["tokens"]["prefer_ids"] == "server"
     )
     return {

@@ -46,6 +46,13 @@ class HFBackend:
             "chat_template_kwargs": self.chat.template_kwargs,
         }
 
+    # The setting that caps an answer's length (a dotted path into the fingerprint): a raised one keeps the
+    # answers that ended within the old one.
+    limit_keys = ("sampling.max_new_tokens",)
+
+    def limit_for(self, message: dict) -> int:
+        return self.sampling["max_new_tokens"]
+
     async def __aenter__(self) -> HFBackend:
         return self
 

@@ -98,6 +98,16 @@ class SGLangBackend:
             "chat_template_kwargs": self.chat.template_kwargs,
         }
 
+    # The settings that cap an answer's length (dotted paths into the fingerprint; the tiers in order short,
+    # long): a raised one keeps the answers that ended within the old one.
+    limit_keys = ("tiers.0.max_tokens", "tiers.1.max_tokens", "sampling.max_new_tokens")
+
+    def limit_for(self, message: dict) -> int:
+        """The token limit a recorded turn would be answered under now: its tier's (a tier is chosen by the
+        prompt's length, which the fingerprint holds)."""
+        tier = (message.get("produced_by") or {}).get("tier")
+        return self.long.max_tokens if tier == self.long.name else self.short.max_tokens
+
     async def __aenter__(self) -> SGLangBackend:
         await self.client.open()
         if self.client.server_alive is not None and not self.client.server_alive():

@@ -6,6 +6,7 @@ import contextlib
 import logging
 
 from eagle3_datagen.backends.base import MissingApiKey, ServerError, ServerGone
+from eagle3_datagen.backends.ledger import Ledger, LedgerError
 from eagle3_datagen.formats.files import DiskFull, reporting_full_disk
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
 
@@ -21,6 +22,20 @@ def budgets_from(settings: dict) -> Budgets:
         tokens=settings.get("token_budget"),
         cost_usd=(settings.get(settings["backend"]) or {}).get("max_cost_usd"),
     )
+
+
+def ledger_for(settings: dict, backend, out: str) -> Ledger | None:
+    """The endpoint's run-wide ledger for the shard `out`, where the workflow keeps one (`ledger_dir`): it
+    shares OpenRouter's concurrency, and every backend's budgets and stop; None where there is nothing to
+    share (SGLang and hf without a token budget: their concurrency is their server's or process's)."""
+    directory = settings.get("ledger_dir")  # absent: a shard answered outside the workflow
+    if directory is None:
+        return None
+    if settings["backend"] == "openrouter":
+        return Ledger(directory, backend.name, backend.model, out, backend.concurrency)
+    if budgets_from(settings).any:
+        return Ledger(directory, backend.name, backend.model, out, None)
+    return None
 
 
 def run_response_job(
@@ -52,7 +67,14 @@ def run_response_job(
                         backend = shared or _backend(settings, lease.running if lease else None)
                         with reporting_full_disk(out):
                             result = run_journaled_responses(
-                                prompts, out, stats, backend, budgets_from(settings), provenance=provenance
+                                prompts,
+                                out,
+                                stats,
+                                backend,
+                                budgets_from(settings),
+                                provenance=provenance,
+                                ledger=ledger_for(settings, backend, out),
+                                max_failed_rate=settings["max_failed_rate"],
                             )
                         log.info("%s: %s", out, {k: result[k] for k in ("prompts", "status", "usage")})
                         pending.pop(0)
@@ -69,7 +91,7 @@ def run_response_job(
                             "names and rerun; the journal keeps every finished prompt"
                         ) from None
                     log.warning("%sstarting it again (restart %d of %d)", died, restart + 1, restarts)
-    except (IncompleteRun, MissingApiKey, ServerError, ServerGone, DiskFull) as e:
+    except (IncompleteRun, MissingApiKey, ServerError, ServerGone, DiskFull, LedgerError) as e:
         raise JobError(str(e)) from None
 
 

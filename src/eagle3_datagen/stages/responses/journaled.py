@@ -5,19 +5,25 @@ in order, each on the regenerated history, tool calls checked against the record
 finished row (success or failure with its reason) is appended to the journal at once. A
 backend with `LockstepGroups` (`hf`) runs its fixed groups one at a time instead, and a group's
 rows are journaled when the group is done, so a rerun batches what is left as an uninterrupted
-run did. Budgets are checked before a conversation (or group) starts, so in-flight ones finish
-and nothing is half-written. The final output is written only when every prompt is
-in the journal, in prompt order; otherwise the job stops with what is done and what is left,
-and a rerun continues from the journal.
+run did. A conversation (or group) starts only with a slot of the job's share of the endpoint's
+concurrency and while the budget lasts (`limits.Limits`: the run's, with the workflow's ledger), so
+in-flight ones finish and nothing is half-written. The final output is written only when every
+prompt is in the journal, in prompt order, and no more of them failed than `max_failed_rate`
+allows; otherwise the job stops with what is done, what failed and why, and a rerun continues from
+the journal, asking again only for the prompts not answered. The journal stays as the shard's
+answers: a rerun under a raised token limit keeps every answer that ended within the old one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
+import copy
+import gc
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_datagen.backends.base import (
@@ -26,41 +32,32 @@ from eagle3_datagen.backends.base import (
     LockstepGroups,
     RequestFailed,
     RetryableError,
+    ServerGone,
     StopRun,
 )
+from eagle3_datagen.backends.ledger import Ledger, Spend
 from eagle3_datagen.formats.files import read_jsonl, write_json, write_jsonl_zst
-from eagle3_datagen.formats.journal import Journal, journal_path
+from eagle3_datagen.formats.journal import Journal, journal_path, row_spend
 from eagle3_datagen.progress import Progress
 from eagle3_datagen.stages.responses.conversation import Conversation, response_stats, throughput
+from eagle3_datagen.stages.responses.limits import Budgets, Limits
 
 log = logging.getLogger(__name__)
+
+# How many of the commonest failure reasons a failed job names.
+REASONS_SHOWN = 3
+# Container allocations between two young-generation collections while requests are in flight (Python's
+# default is 700): at 2,000 in flight each collection walks thousands of young request objects, and the
+# collector took a quarter of the client's CPU (BENCHMARKS.md, the API client row).
+YOUNG_COLLECTION_EVERY = 20_000
 
 
 class IncompleteRun(RuntimeError):
     """The run stopped before every prompt was answered; the journal keeps what was done."""
 
 
-@dataclass
-class Budgets:
-    tokens: int | None = None  # prompt + completion tokens, over all runs of this job
-    cost_usd: float | None = None
-
-    def exceeded(self, usage: dict) -> str | None:
-        if self.tokens is not None and usage.get("total_tokens", 0) >= self.tokens:
-            return f"inference.token_budget={self.tokens} reached ({usage['total_tokens']} tokens used)"
-        if self.cost_usd is not None and usage.get("cost", 0.0) >= self.cost_usd:
-            return f"inference.openrouter.max_cost_usd={self.cost_usd} reached (${usage['cost']:.4f} spent)"
-        return None
-
-
-def row_usage(row: dict) -> dict:
-    usage = {"total_tokens": 0, "cost": 0.0}
-    for message in row["messages"]:
-        if message["role"] == "assistant":
-            u = message.get("usage") or {}
-            usage["total_tokens"] += u.get("prompt_tokens", 0) + u.get("completion_tokens", 0)
-            usage["cost"] += u.get("cost", 0.0) or 0.0
-    return usage
+class TooManyFailed(IncompleteRun):
+    """More prompts failed than `max_failed_rate` allows; the journal keeps the answered ones."""
 
 
 async def _conversation(prompt: dict, backend: AsyncGenerationBackend, group: ConversationGroup | None) -> dict:
@@ -81,70 +78,112 @@ async def _conversation(prompt: dict, backend: AsyncGenerationBackend, group: Co
     return conversation.row(backend.name, backend.model)
 
 
-def _groups(prompts: list[dict], backend: AsyncGenerationBackend) -> list[list[dict]]:
-    """The prompts that run together: each on its own, or a lockstep backend's groups, planned
-    over every prompt (finished ones too) so that the plan does not depend on the journal."""
-    if not isinstance(backend, LockstepGroups):
-        return [[prompt] for prompt in prompts]
-    first_turns = [(c.messages, c.tools) for c in map(Conversation, prompts)]
-    return [[prompts[i] for i in group] for group in backend.groups(first_turns)]
-
-
-async def _regenerate_group(prompts: list[dict], backend: AsyncGenerationBackend) -> list[dict]:
-    group = backend.group(len(prompts)) if isinstance(backend, LockstepGroups) else None
-    return list(await asyncio.gather(*(_conversation(prompt, backend, group) for prompt in prompts)))
-
-
 async def regenerate_journaled(
     prompts: list[dict],
     backend: AsyncGenerationBackend,
     journal: Journal,
-    budgets: Budgets,
+    limits: Limits,
     progress_interval: float = 30.0,
 ) -> str | None:
     """Answer every prompt not yet in `journal`; returns why the run stopped early, or None."""
-    usage = {"total_tokens": 0, "cost": 0.0}
-    for row in journal.rows.values():
-        for key, value in row_usage(row).items():
-            usage[key] += value
-    pending = asyncio.Queue()
-    for group in _groups(prompts, backend):
-        if any(prompt["id"] not in journal.rows for prompt in group):
-            pending.put_nowait(group)
+    lockstep = isinstance(backend, LockstepGroups)
+    if lockstep:
+        # Planned over every prompt (finished ones too), so that the plan does not depend on the journal.
+        first_turns = [(c.messages, c.tools) for c in map(Conversation, prompts)]
+        planned = [[prompts[i] for i in group] for group in backend.groups(first_turns)]
+    else:
+        planned = [[prompt] for prompt in prompts]
+    pending = collections.deque(g for g in planned if any(prompt["id"] not in journal.rows for prompt in g))
+    limits.left = len(pending)
     done = sum(prompt["id"] in journal.rows for prompt in prompts)
     progress = Progress(len(prompts), "prompts", log, done=done, interval=progress_interval)
-    stopped: list[str] = []
+
+    async def answer(group: list[dict]) -> list[dict]:
+        if not lockstep:
+            return [await _conversation(group[0], backend, None)]
+        together = backend.group(len(group))
+        return list(await asyncio.gather(*(_conversation(prompt, backend, together) for prompt in group)))
 
     async def worker() -> None:
-        while not stopped and not pending.empty():
-            reason = budgets.exceeded(usage)
-            if reason:
-                stopped.append(reason)
+        while pending:
+            if await limits.acquire() is not None:
                 return
-            group = pending.get_nowait()
+            group = pending.popleft()  # a slot is given for each group left, no more
             try:
-                rows = await _regenerate_group(group, backend)
+                rows = await answer(group)
             except StopRun as e:
-                stopped.append(str(e))
+                await limits.stop_run(str(e), run_wide=not isinstance(e, ServerGone))
+                await limits.release(Spend())
                 return
+            spent = Spend()
             for row in rows:
                 if row["id"] in journal.rows:  # journaled before a kill cut its group's journaling short
                     continue
                 journal.append(row)
-                spent = row_usage(row)
-                for key, value in spent.items():
-                    usage[key] += value
-                progress.advance(tokens=spent["total_tokens"], failed=row["status"] == "failed", cost=spent["cost"])
+                row_cost = Spend(*row_spend(row))
+                spent = spent + row_cost
+                progress.advance(tokens=row_cost.tokens, failed=row["status"] == "failed", cost=row_cost.cost)
+            await limits.release(spent)
 
     # A lockstep backend runs one group at a time: its batches are the groups'.
-    workers = 1 if isinstance(backend, LockstepGroups) else max(1, min(backend.concurrency, pending.qsize()))
+    workers = 1 if lockstep else max(1, min(backend.concurrency, len(pending)))
     try:
-        async with backend:
+        async with backend, limits:
             await asyncio.gather(*(worker() for _ in range(workers)))
     finally:
         progress.close()
         log.info("progress: %s", progress.line())
-    return stopped[0] if stopped else None
+    return limits.stopped
+
+
+@contextlib.contextmanager
+def _collecting_young_every(allocations: int):
+    threshold = gc.get_threshold()
+    gc.set_threshold(allocations, *threshold[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+
+
+def answers_still_valid(backend: AsyncGenerationBackend, current: dict, old: str):
+    """For a journal written under `old` settings: which of its rows `backend`'s would produce too, or None.
+
+    Only the length limits may differ (`backend.limit_keys`): a row is kept when every one of its turns
+    ended (not cut at the limit) within the limit that now applies to it; greedy decoding would give
+    the same tokens, sampling a valid sample. A truncated answer is asked for again."""
+    if _without(json.loads(old), backend.limit_keys) != _without(current, backend.limit_keys):
+        return None
+
+    def ended_within(row: dict) -> bool:
+        return all(
+            m["finish_reason"] in ("stop", "tool_calls")
+            and (m.get("usage") or {}).get("completion_tokens", 0) < backend.limit_for(m)
+            for m in row["messages"]
+            if m["role"] == "assistant"
+        )
+
+    return ended_within
+
+
+def _without(fingerprint: dict, keys: tuple[str, ...]) -> dict:
+    """`fingerprint` less the dotted `keys` (a number indexes a list)."""
+    stripped = copy.deepcopy(fingerprint)
+    for key in keys:
+        *parents, last = key.split(".")
+        node = stripped
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else (node or {}).get(part)
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return stripped
+
+
+def failure_summary(shard, failed: list[dict], total: int) -> str:
+    """How many prompts failed and the commonest reasons, in one line."""
+    reasons = collections.Counter(row["error"] for row in failed).most_common(REASONS_SHOWN)
+    said = "; ".join(f"{count} {reason[:160]!r}" for reason, count in reasons)
+    return f"{shard}: {len(failed)} of {total} prompts failed ({len(failed) / total:.1%}): {said}"
 
 
 def run_journaled_responses(
@@ -155,14 +194,25 @@ def run_journaled_responses(
     budgets: Budgets,
     progress_interval: float = 30.0,
     provenance: dict | None = None,
+    ledger: Ledger | None = None,
+    max_failed_rate: float | None = None,
 ) -> dict:
-    """`provenance`: how the job ran (settings that change float bits, not meaning), kept in the stats."""
+    """`provenance`: how the job ran (settings that change float bits, not meaning), kept in the stats;
+    `ledger`: the endpoint's run-wide limits (None: the job's own); `max_failed_rate`: the share of the
+    shard's prompts that may fail (None: any)."""
     prompts = read_jsonl(prompts_path)
-    fingerprint = json.dumps(backend.fingerprint(), sort_keys=True)
-    journal = Journal(journal_path(out_path), fingerprint)
+    fingerprint = backend.fingerprint()
+    journal = Journal(
+        journal_path(out_path),
+        json.dumps(fingerprint, sort_keys=True),
+        lambda old: answers_still_valid(backend, fingerprint, old),
+    )
     resumed, started = set(journal.rows), time.monotonic()
+    spent_before = sum((Spend(*row_spend(row)) for row in journal.rows.values()), Spend())
+    limits = Limits(budgets, backend.concurrency, spent_before, ledger)
     try:
-        stopped = asyncio.run(regenerate_journaled(prompts, backend, journal, budgets, progress_interval))
+        with _collecting_young_every(YOUNG_COLLECTION_EVERY):
+            stopped = asyncio.run(regenerate_journaled(prompts, backend, journal, limits, progress_interval))
     finally:
         journal.close()
     missing = [p["id"] for p in prompts if p["id"] not in journal.rows]
@@ -172,6 +222,14 @@ def run_journaled_responses(
             f" ({stopped or 'stopped'}). They are kept in {journal.path}; rerun the same job to continue."
         )
     rows = [journal.rows[p["id"]] for p in prompts]
+    failed = [r for r in rows if r["status"] == "failed"]
+    if max_failed_rate is not None and len(failed) > max_failed_rate * len(prompts):
+        raise TooManyFailed(
+            f"{failure_summary(out_path, failed, len(prompts))}; above inference.max_failed_rate="
+            f"{max_failed_rate}. "
+            f"The {len(prompts) - len(failed)} answered are kept in {journal.path}: rerun to ask again for the "
+            "failed ones only"
+        )
     write_jsonl_zst(out_path, rows)
     stats = {"backend": backend.name, "model": backend.model, **response_stats(rows)}
     stats["throughput"] = throughput([r for r in rows if r["id"] not in resumed], time.monotonic() - started)
@@ -179,5 +237,4 @@ def run_journaled_responses(
     if provenance:
         stats["provenance"] = provenance
     write_json(stats_path, stats)
-    journal.remove()
     return stats
