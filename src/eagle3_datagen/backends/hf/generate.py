@@ -84,7 +84,7 @@ class HFBackend:
         temperature = self.sampling["temperature"]
         kwargs = {
             "max_new_tokens": self.sampling["max_new_tokens"],
-            "eos_token_id": self.specials.end_of_turn_id,
+            "eos_token_id": self.specials.stop_ids,
             "pad_token_id": self.tokenizer.pad_token_id,
             "do_sample": temperature > 0,
         }
@@ -97,9 +97,9 @@ class HFBackend:
         return kwargs
 
     def _turn(self, prompt_ids: list[int], generated: list[int], history: list[dict], tools: list | None) -> Turn:
-        eot = self.specials.end_of_turn_id
-        output_ids = generated[: generated.index(eot) + 1] if eot in generated else generated
-        # Rows that stopped early are padded after their end-of-turn token; cut there.
+        # Rows that stopped early are padded after their stop token (end of turn, or a call's end); cut there.
+        stop = next((i for i, token in enumerate(generated) if token in self.specials.stop_ids), None)
+        output_ids = generated if stop is None else generated[: stop + 1]
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids)}
         return self.chat.turn(output_ids, prompt_ids, history, tools, usage)
 

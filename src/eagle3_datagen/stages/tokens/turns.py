@@ -3,9 +3,12 @@ the model emitted it: the text side of the tokens stage (no token is encoded her
 
 Turn boundaries come from rendering, not from re-encoding text prefixes: an earlier assistant
 turn starts where its own generation prompt stops agreeing with the last turn's prompt and ends
-at the end-of-turn token the template places after it. The last turn is rebuilt in the model's
-format, derived from the template (Kimi-K2.5's prompt opens `<think>`, so
-`{reasoning}</think>{content}<|im_end|>`; Qwen3's does not, so `<think>\n{reasoning}\n</think>...`).
+at the end-of-turn token the template places after it (or one of the family's turn ends: gpt-oss
+ends a past answer `<|end|>`, a call `<|call|>`). The last turn is rebuilt in the model's format,
+derived from the template (Kimi-K2.5's prompt opens `<think>`, so `{reasoning}</think>{content}<|im_end|>`;
+Qwen3's does not, so `<think>\n{reasoning}\n</think>...`; DeepSeek-V3.1's never renders reasoning,
+which goes before the `</think>` that closes the block its prompt opened; gpt-oss's in its analysis
+channel). The template reads the messages in the layout of the model's family (`chat.families`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from eagle3_datagen.chat.template import SpecialTokens, render_text
+from eagle3_datagen.chat.families import Family
+from eagle3_datagen.chat.template import SpecialTokens, render_text, turn_start
 
 THINKING_MODES = ("keep_last", "keep_all", "drop")
 LOSS_TURNS = ("all", "last")
@@ -48,7 +52,8 @@ class TurnLocator:
     """Response rows -> `TurnPlan`s, rendered with the model's own tokenizer and template.
 
     `thinking` (`keep_last`, `keep_all`, `drop`), `keep_truncated` and `loss_turns` (`all`, `last`)
-    are the tokens stage's settings; `template_kwargs` are the model's `chat_template_kwargs`.
+    are the tokens stage's settings; `template_kwargs` are the model's `chat_template_kwargs`, `family`
+    its entry in `chat.families` (the generic one when None).
     """
 
     def __init__(
@@ -59,6 +64,7 @@ class TurnLocator:
         keep_truncated: bool,
         loss_turns: str,
         template_kwargs: dict | None = None,
+        family: Family | None = None,
     ):
         if thinking not in THINKING_MODES:
             raise ValueError(f"tokens.thinking must be one of {THINKING_MODES}, not {thinking!r}")
@@ -70,12 +76,14 @@ class TurnLocator:
         self.keep_truncated = keep_truncated
         self.loss_turns = loss_turns
         self.template_kwargs = template_kwargs or {}
+        self.family = family or Family()
+        self._think = (specials.think_start, specials.think_end)
         self._empty_think = None
         if specials.think_start and specials.think_end:
             self._empty_think = re.compile(re.escape(specials.think_start) + r"(\s*)" + re.escape(specials.think_end))
 
     def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None) -> str:
-        return render_text(self.tokenizer, messages, add_generation_prompt, self.template_kwargs, tools)
+        return render_text(self.tokenizer, messages, add_generation_prompt, self.template_kwargs, tools, self.family)
 
     def plans(self, row: dict, counts: Counter) -> list[TurnPlan]:
         """The samples one response row is trained as (none when it is dropped; `counts` says why)."""
@@ -95,6 +103,10 @@ class TurnLocator:
         assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if not assistant_at:
             counts["dropped_no_assistant_turn"] += 1
+            return []
+        if not self.family.parallel_tool_calls and any(len(m.get("tool_calls") or ()) > 1 for m in messages):
+            # the template would render one of the turn's calls (gpt-oss) or raise (Llama 3.1)
+            counts["dropped_parallel_tool_calls"] += 1
             return []
         # Server IDs describe a turn as generated; with tokens.thinking: drop a turn that
         # reasoned is trained without its reasoning, so its IDs do not apply.
@@ -137,16 +149,24 @@ class TurnLocator:
         )
 
     def _end_of_turn(self, sample_id: str, text: str, start: int, turn: dict) -> int:
-        """Where the turn starting at `start` ends: after its end-of-turn token, or before it when cut off."""
-        end_of_turn = text.find(self.specials.end_of_turn, start)
-        if end_of_turn < 0:
-            raise BoundaryError(
-                f"sample {sample_id}: no end-of-turn token {self.specials.end_of_turn!r} after assistant "
-                f"turn {turn.get('turn', '?')}; check model.special_tokens.end_of_turn"
-            )
+        """Where the turn starting at `start` ends: after its end-of-turn token (or one of the family's
+        turn ends that the family's next message does not continue), or before it when cut off."""
+        ends = [self.specials.end_of_turn, *self.specials.turn_ends]
+        at = start
+        while True:
+            found = [(i, token) for token in ends if (i := text.find(token, at)) >= 0]
+            if not found:
+                raise BoundaryError(
+                    f"sample {sample_id}: no end-of-turn token {' or '.join(map(repr, ends))} after assistant "
+                    f"turn {turn.get('turn', '?')}; check model.special_tokens.end_of_turn"
+                )
+            end, token = min(found)
+            at = end + len(token)
+            if not (self.family.turn_continues and text.startswith(self.family.turn_continues, at)):
+                break
         # "stop" and "tool_calls" both end with the end-of-turn token; "length" cuts before it.
         cut_off = turn.get("finish_reason", "stop") == "length"
-        return end_of_turn if cut_off else end_of_turn + len(self.specials.end_of_turn)
+        return end if cut_off else at
 
     def _earlier_turn_chars(
         self, sample_id: str, prompt: str, messages: list[dict], tools: list[dict] | None, index: int, after: int
@@ -163,8 +183,11 @@ class TurnLocator:
         history = self._render(messages[:index], False, tools)
         own_prompt = self._render(messages[:index], True, tools)
         if prompt.startswith(history):
-            start = len(os.path.commonprefix([own_prompt, prompt]))
-            if start <= len(history):
+            start = turn_start(own_prompt, prompt, *self._think)
+            if start is None:
+                start = len(os.path.commonprefix([own_prompt, prompt]))
+            # (a template may put no header before a turn: DeepSeek-V3.1's answer after tool output)
+            if start < len(history) or start == len(history) < len(own_prompt):
                 raise self._unstable(sample_id, messages, index, start)
         else:
             header = own_prompt[len(history) :]
@@ -190,11 +213,14 @@ class TurnLocator:
         last = len(messages) - 1
         turn = messages[last]
         full = self._render(messages, False, tools)
-        if full.startswith(prompt):
-            start = len(prompt)
-        else:
+        start = turn_start(prompt, full, *self._think)
+        if start is None:
+            # The turn's header is the last one before what the turn renders first: its reasoning
+            # where the template shows it (gpt-oss's analysis), else its content.
             header = prompt[len(history) :]
-            content_at = len(full) - len((turn.get("content") or "").strip())
+            reasoning = (turn.get("reasoning") or "").strip()
+            shown_at = full.find(reasoning, len(os.path.commonprefix([history, full]))) if reasoning else -1
+            content_at = shown_at if shown_at >= 0 else len(full) - len((turn.get("content") or "").strip())
             found = full.rfind(header, 0, content_at) if header else -1
             if found < 0:
                 raise BoundaryError(
@@ -215,7 +241,7 @@ class TurnLocator:
         if not reasoning:
             return text
         think_end_at = text.find(self.specials.think_end, turn_at) if self.specials.think_end else -1
-        if think_end_at >= 0 and reasoning in text[turn_at:think_end_at]:
+        if reasoning in text[turn_at : think_end_at if think_end_at >= 0 else len(text)]:
             return text
         block = self._empty_think.search(text, header_at) if self._empty_think is not None else None
         if block is None or block.end() <= turn_at:
