@@ -15,7 +15,7 @@ if "demo" in config:
             "../envs/cpu.yaml"
         threads: 2
         params:
-            settings=wf.as_json(config["demo"]),
+            settings=wf.as_json(wf.demo_settings(config)),
             partitions=wf.as_json(wf.demo_fit_partitions(config)),
         shell:
             logged(

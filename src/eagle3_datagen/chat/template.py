@@ -14,7 +14,7 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from eagle3_datagen.config_schema import fill_defaults
 
@@ -61,7 +61,27 @@ def load_tokenizer(model_path: str | Path, trust_remote_code: bool = False) -> P
     )
     if not tokenizer.chat_template:
         raise TemplateError(f"{model_path}: the tokenizer has no chat template; add one to tokenizer_config.json")
-    return tokenizer
+    return as_its_file_says(tokenizer, model_path)
+
+
+# Text whose encoding differs when a tokenizer's pre-tokenizer is not its tokenizer.json's.
+PIPELINE_PROBE = "Hello world, ünïcode 你好\n  x = 1"
+
+
+def as_its_file_says(tokenizer: PreTrainedTokenizerBase, model_path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer as its `tokenizer.json` defines it. transformers 5.8 to 5.19 (SpecForge's and SGLang's
+    pins) load DeepSeek-V3.1's byte-level tokenizer.json, whose config names `LlamaTokenizerFast`, as a
+    sentencepiece `LlamaTokenizer` that drops spaces ("Hello world" -> other IDs); 5.23 loads it as the file
+    says. A model-specific class whose encoding differs from the file's is replaced by the file's own."""
+    file = Path(model_path) / "tokenizer.json"
+    if not tokenizer.is_fast or type(tokenizer) is PreTrainedTokenizerFast or not file.is_file():
+        return tokenizer
+    from tokenizers import Tokenizer
+
+    expected = Tokenizer.from_file(str(file)).encode(PIPELINE_PROBE, add_special_tokens=False).ids
+    if tokenizer(PIPELINE_PROBE, add_special_tokens=False)["input_ids"] == expected:
+        return tokenizer
+    return PreTrainedTokenizerFast.from_pretrained(str(model_path), local_files_only=True)
 
 
 # transformers' templates read the clock through one global function, `strftime_now(format)`.

@@ -131,6 +131,11 @@ class SpecForgeExport:
         if "head_dim" not in config and "qk_rope_head_dim" in target:
             # SpecForge reads the target through AutoConfig: DeepSeek-V3's config sets head_dim so.
             config["head_dim"] = target["qk_rope_head_dim"]
+        rope = config.get("rope_scaling") or {}
+        if rope.get("rope_type", rope.get("type")) == "yarn" and "mscale" not in rope:
+            # gpt-oss's YaRN names no mscale: SpecForge 0.2.0's draft passes the absent keys on as None and
+            # fails; these two give its YaRN transformers' default attention factor, 0.1 ln(factor) + 1.
+            config["rope_scaling"] = {**rope, "mscale": 1.0, "mscale_all_dim": 0.0}
         config.update(
             architectures=["LlamaForCausalLMEagle3"],
             model_type="llama",
