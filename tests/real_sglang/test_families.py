@@ -1,9 +1,9 @@
 """The target families' architectures in SGLang 0.5.23 on the CPU: the auxiliary-layer ids each family's
 registry entry writes into a draft config (`Family.sglang_layer_ids`) make SGLang's own
 `set_eagle3_layers_to_capture` capture the layers the draft was trained on, and SGLang's model runner
-captures Qwen3-MoE's and Llama 3.1's states equal to transformers' (scripts/gpu_check.py, as the GPU node
-runs it). gpt-oss does not run here: SGLang 0.5.23's GptOssForCausalLM asserts an attention backend with
-sinks (triton, fa3, intel_amx, ...), none of which has a CPU build on PyPI."""
+captures Qwen3-MoE's states equal to transformers' (scripts/gpu_check.py, as the GPU node runs it).
+gpt-oss does not run here: SGLang 0.5.23's GptOssForCausalLM asserts an attention backend with sinks
+(triton, fa3, intel_amx, ...), none of which has a CPU build on PyPI."""
 
 import importlib
 import json
@@ -56,7 +56,9 @@ TINY = {"seed": 0, "hidden_size": 32, "intermediate_size": 64, "num_layers": 8, 
 MOE = {"routed_experts": 4, "experts_per_token": 2, "shared_experts": 0, "intermediate_size": 16}
 
 
-@pytest.mark.parametrize(("folder", "architecture"), [("qwen3", "qwen3_moe"), ("llama-3.1", "llama")])
+# Llama 3.1's tiny model passes the same check (docs/targets.md); left out here for the tier's time: its
+# dense attention and MLP are Qwen3's, which test_capture.py checks.
+@pytest.mark.parametrize(("folder", "architecture"), [("qwen3", "qwen3_moe")])
 def test_sglang_captures_the_architecture_as_transformers_computes_it(folder, architecture, tmp_path):
     settings = {**TINY, "architecture": architecture, "tokenizer": str(TARGETS / folder), "moe": MOE}
     config = tiny_config(settings, load_tokenizer(TARGETS / folder))
