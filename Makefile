@@ -64,10 +64,10 @@ slurm-packages: ## install the SLURM test cluster's Debian packages (as root)
 			"installed with apt-get as root; run make test as root, or install them first." >&2; exit 1; fi; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge slurmdbd mariadb-server >/dev/null
 
-# Every tier but the end-to-end runs, the SLURM cluster, SGLang and the trainers: under 5 minutes. Two
-# workers: the node-service and runner tests spend much of their time waiting on other processes.
-FAST := not e2e and not slurm and not sglang and not trainers
-test-fast: install ## every tier but e2e, SLURM, SGLang and trainers (under 5 minutes)
+# Every tier but the end-to-end runs, the SLURM cluster, SGLang, the trainers and the families' runs: under
+# 5 minutes. Two workers: the node-service and runner tests spend much of their time waiting on other processes.
+FAST := not e2e and not slurm and not sglang and not trainers and not families
+test-fast: install ## every tier but e2e, SLURM, SGLang, trainers and the families' runs (under 5 minutes)
 	pytest -q -n 2 -m "$(FAST)" --durations=25
 
 # Two runs side by side: the main suite (one pytest process, many single-threaded tests) leaves one of
@@ -84,8 +84,8 @@ test: slurm-packages install ## every test tier, as CI does
 
 # Main-suite files that run in the second run, after the SGLang and trainer tiers, so that the two runs
 # end together: files that need no fixture of the main suite's (the demo run), the tiny Kimi workflow
-# (about 4 minutes) the largest.
-MAIN_BESIDE := tests/test_tiny_kimi.py tests/test_plan_first_run.py tests/test_bench.py
+# (about 4 minutes) and the target families' tier (tests/families: one workflow run per family) the largest.
+MAIN_BESIDE := tests/test_tiny_kimi.py tests/test_plan_first_run.py tests/test_bench.py tests/families
 # The demo (tests' demo_dir) trains its evaluate drafts with SpecForge.
 test-main: install specforge-env ## the main suite, but for MAIN_BESIDE (part of make test)
 	mkdir -p $(TEST_TMP)/main
@@ -97,6 +97,7 @@ test-apart: install sglang-env speculators-env specforge-env ## the SGLang and t
 	mkdir -p $(TEST_TMP)/apart
 	TMPDIR=$(TEST_TMP)/apart $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
 	TMPDIR=$(TEST_TMP)/apart $(SPECFORGE_VENV)/bin/python $(RUN_APART) tests/trainers/test_specforge.py \
+		tests/trainers/test_specforge_templates.py \
 		tests/trainers/test_evaluate.py
 	TMPDIR=$(TEST_TMP)/apart $(SGLANG_VENV)/bin/python $(RUN_APART) tests/real_sglang
 	TMPDIR=$(TEST_TMP)/apart pytest -q --durations=25 $(MAIN_BESIDE)

@@ -17,7 +17,7 @@ if "demo" in config:
         resources:
             **CPU_JOB,
         params:
-            settings=wf.as_json(config["demo"]),
+            settings=wf.as_json(wf.demo_settings(config)),
             partitions=wf.as_json(wf.demo_fit_partitions(config)),
         shell:
             logged(

@@ -1,10 +1,11 @@
 #!/usr/bin/env python
-"""Build a demo's tiny target model, fitted to its partitions: Qwen3 (the embedded demo) or Kimi (DeepSeek-V3)."""
+"""Build a demo's tiny target model, fitted to its partitions: Qwen3 (the embedded demo), Kimi (DeepSeek-V3), or a
+target family's architecture with its real tokenizer (docs/targets.md)."""
 
 import json
 
 from eagle3_datagen import cli
-from eagle3_datagen.targets.demo import build_demo_model, training_conversations
+from eagle3_datagen.targets import build_target
 
 
 def main() -> None:
@@ -18,14 +19,7 @@ def main() -> None:
     p.add_argument("--out", required=True, help="model directory to write")
     args = p.parse_args()
     cli.setup(args)
-    if args.settings.get("architecture") == "deepseek_v3":  # absent: the Qwen3 demo
-        from eagle3_datagen.targets.tiny_kimi import build_tiny_kimi
-
-        facts = build_tiny_kimi(args.partitions, args.out, args.settings)
-    else:
-        sources = [(part["source"], part["format"]) for part in args.partitions]
-        facts = build_demo_model(training_conversations(sources), args.out, args.settings)
-    print(facts)
+    print(build_target(args.partitions, args.out, args.settings))
 
 
 if __name__ == "__main__":

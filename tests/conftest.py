@@ -189,6 +189,26 @@ def qwen_tokenizer():
 
 
 KIMI_FILES = REPO / "resources" / "kimi-k2.5"
+# The real tokenizer files of the other target families (README there: provenance, licences, what bites).
+TARGET_FILES = REPO / "tests" / "fixtures" / "targets"
+# The date the families' configs pin gpt-oss's template to (model.chat_template_date): SpecForge's harmony date.
+TEMPLATE_DATE = "2025-06-28"
+
+
+_target_chats: dict[str, object] = {}
+
+
+def target_chat(folder: str, **model):
+    """The chat of a target family's fixture folder as the stages load it (`chat.families.load_chat`),
+    loaded once per test process and settings (gpt-oss's tokenizer.json takes seconds to load)."""
+    from eagle3_datagen.chat.families import load_chat
+
+    path = TARGET_FILES / folder
+    settings = defaults("model", path=str(path), **{"chat_template_date": TEMPLATE_DATE, **model})
+    key = json.dumps(settings, sort_keys=True)
+    if key not in _target_chats:
+        _target_chats[key] = load_chat(path, settings)
+    return _target_chats[key]
 
 
 @pytest.fixture(scope="session")

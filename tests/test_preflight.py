@@ -190,3 +190,27 @@ def test_a_dry_run_warns_and_lists_both_trainers_exports(kimi_workflow, name):
     assert any("OPENROUTER_API_KEY" in line for line in warnings) == (name == "openrouter")
     assert re.search(r"^export\s+6$", proc.stdout, re.M)  # 3 partitions x (specforge, speculators)
     assert re.search(r"^vocab_mapping\s+1$", proc.stdout, re.M)
+
+
+def test_a_template_that_writes_the_date_or_a_switch_it_never_reads_stops_the_run(tmp_path):
+    """Read off the real templates' text (tests/fixtures/targets), before any job loads a tokenizer."""
+    env = {"PATH": VENV_BIN, "OPENROUTER_API_KEY": "k"}
+    jobs = [Job("tokens", "B1_glaive")]
+    config = fill_defaults(kimi())
+    config["hidden_states"]["backend"] = "hf"
+    config["model"]["path"] = str(REPO / "tests/fixtures/targets/gpt-oss")
+    [found] = problems(config, jobs, env, False)
+    assert "writes today's date (strftime_now)" in found and "set model.chat_template_date" in found
+    config["model"].update(chat_template_date="2025-06-28", chat_template_kwargs={"reasoning_effort": "high"})
+    assert problems(config, jobs, env, False) == []
+    config["model"].update(
+        path=str(REPO / "tests/fixtures/targets/deepseek-v3"), chat_template_kwargs={"enable_thinking": False}
+    )
+    no_config, found = problems(config, jobs, env, False)  # (the fixture folder has no config.json)
+    assert found.startswith("model.chat_template_kwargs sets ['enable_thinking'], which the chat template in")
+    # a target the demo builds from a tokenizer folder: that folder's template
+    family = fill_defaults(yaml.safe_load((REPO / "config/targets/gpt-oss.yaml").read_text()))
+    family["evaluate"]["python"] = sys.executable
+    assert problems(family, config_jobs(family), env, False) == []
+    family["model"]["chat_template_date"] = None
+    assert any("strftime_now" in line for line in problems(family, config_jobs(family), env, False))

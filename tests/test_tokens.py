@@ -177,7 +177,7 @@ def test_prefix_unstable_template_names_the_sample(qwen_tokenizer):
 def test_split_output_ids_parses_think_blocks(qwen_tokenizer):
     specials = resolve_special_tokens(qwen_tokenizer)
     ids = encode(qwen_tokenizer, "<think>\nplan\n</think>\n\nDone.<|im_end|>")
-    assert split_output_ids(qwen_tokenizer, ids, specials) == ("plan", "Done.", True, True)
+    assert split_output_ids(qwen_tokenizer, ids, specials) == ("plan", "Done.", True, True, None)
     unclosed = encode(qwen_tokenizer, "<think>\n\nDone.<|im_end|>")
     assert split_output_ids(qwen_tokenizer, unclosed, specials).well_formed is False
     control = encode(qwen_tokenizer, "<|im_start|>user\nDone.<|im_end|>")
@@ -188,16 +188,17 @@ def test_split_output_ids_parses_think_blocks(qwen_tokenizer):
         "Done.",
         True,
         True,
+        None,
     )
     again = encode(qwen_tokenizer, "</think>\n\nDone.<|im_end|>")
     assert split_output_ids(qwen_tokenizer, again, specials, closed_prompt).well_formed is False
     open_prompt = encode(qwen_tokenizer, "<|im_end|>\n<|im_start|>assistant\n<think>\n")
     opened = encode(qwen_tokenizer, "plan\n</think>\n\nDone.<|im_end|>")
-    assert split_output_ids(qwen_tokenizer, opened, specials, open_prompt) == ("plan", "Done.", True, True)
+    assert split_output_ids(qwen_tokenizer, opened, specials, open_prompt) == ("plan", "Done.", True, True, None)
     never_closed = encode(qwen_tokenizer, "Done.")
     assert split_output_ids(qwen_tokenizer, never_closed, specials, open_prompt).well_formed is False
     plain = encode(qwen_tokenizer, "Done.")
-    assert split_output_ids(qwen_tokenizer, plain, specials) == ("", "Done.", False, True)
+    assert split_output_ids(qwen_tokenizer, plain, specials) == ("", "Done.", False, True, None)
 
 
 def test_empty_think_block_of_the_trained_turn_is_filled_as_generated(qwen_tokenizer):

@@ -100,8 +100,9 @@ def test_kimi_tool_call_markers_come_from_the_template_and_parse_like_sglang(kim
 
 def test_a_template_without_kimi_style_calls_refuses_prompts_with_tools(qwen_tokenizer):
     from eagle3_datagen.backends.rendered import ToolCallReader
+    from eagle3_datagen.chat.families import Family
 
-    reader = ToolCallReader(qwen_tokenizer, {})
+    reader = ToolCallReader(qwen_tokenizer, {}, Family())  # the demo's Qwen3-style template is generic
     reader.check(None)  # prompts without tools are served as before
     with pytest.raises(TemplateError, match="declares tools, but the chat template does not write a tool call"):
         reader.check([FACTORIAL])

@@ -2,7 +2,7 @@
 
 Everything computed here is SGLang's own code. cpu/ holds what it takes to run it on a CPU-only
 machine: import-only `sgl_kernel` and `torchvision` (no CPU build of either fits torch 2.13.0's CPU
-wheel; nothing of them is called), and `sglang_test_models`, the two model files the tests load,
+wheel; nothing of them is called), and `sglang_test_models`, the model files the tests load,
 registered alone through SGLang's SGLANG_EXTERNAL_MODEL_PACKAGE (importing all of SGLang's model
 files costs every process a minute), with DeepSeek's torch_native prefill routed to SGLang's
 absorbed-MLA path. Subprocesses (torchrun ranks, the server) inherit the same settings.

@@ -1,5 +1,9 @@
 """The `sglang` hidden-state backend on SGLang 0.5.23's own model runner (tp=1, CPU, float32),
-compared with the `hf` backend layer by layer."""
+compared with the `hf` backend layer by layer: the session's tiny Qwen3 here, the target families'
+architectures that run on SGLang's CPU path each in a process of its own (DeepSeek-V3's in
+test_gpu_check.py)."""
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,11 +12,14 @@ from eagle3_datagen.backends.base import SingleProcess
 from eagle3_datagen.backends.batching import capture_in_batches, plan_batches
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.backends.sglang.capture import SGLangCapture, load_sglang_capture
+from eagle3_datagen.chat.template import load_tokenizer
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.diagnostics.gpu_check import agreement_by_layer, format_table, random_batch
+from eagle3_datagen.targets.tiny_family import tiny_config, tiny_model, write_model_dir
 
-from ..conftest import make_samples
-from .conftest import MAX_BATCH_TOKENS
+from ..conftest import TARGET_FILES, make_samples
+from .conftest import CPU_CAPTURE_SETTINGS, MAX_BATCH_TOKENS
+from .runner_process import capture_with_both_backends, in_own_process
 
 
 def sglang_capture(runner, final="normed", aux="auto"):
@@ -131,3 +138,47 @@ def test_sglang_backend_needs_torchrun(monkeypatch, tmp_path):
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(RuntimeError, match="torchrun --nproc-per-node"):
         load_sglang_capture(tmp_path, "auto", "normed", fill_defaults({}, "hidden_states.sglang"), False, 64)
+
+
+TINY_SIZES = {"seed": 0, "hidden_size": 32, "intermediate_size": 64, "num_layers": 8, "num_heads": 4, "num_kv_heads": 2}
+TINY_MOE = {"routed_experts": 4, "experts_per_token": 2, "shared_experts": 0, "intermediate_size": 16}
+
+
+def tiny_family_dir(folder: str, architecture: str, out: Path) -> Path:
+    """A random tiny model of `architecture`, shrunk from the real config.json in the fixture folder, with its
+    real tokenizer (as the families tier's targets are, unfitted)."""
+    settings = {**TINY_SIZES, "architecture": architecture, "tokenizer": str(TARGET_FILES / folder), "moe": TINY_MOE}
+    config = tiny_config(settings, load_tokenizer(TARGET_FILES / folder))
+    write_model_dir(out, tiny_model(config, seed=1).eval(), config, TARGET_FILES / folder, {})
+    return out
+
+
+@pytest.mark.parametrize(
+    ("folder", "architecture", "sglang_class"),
+    [("qwen3", "qwen3_moe", "Qwen3MoeForCausalLM"), ("llama-3.1", "llama", "LlamaForCausalLM")],
+    ids=["qwen3_moe", "llama"],
+)
+def test_a_familys_architecture_captures_as_the_hf_backend(folder, architecture, sglang_class, tmp_path):
+    model_dir = tiny_family_dir(folder, architecture, tmp_path / "model")
+    vocab_size = len(load_tokenizer(model_dir))
+    batch = random_batch(vocab_size, samples=4, lo=3, hi=MAX_BATCH_TOKENS // 4)
+    ran, sglang_states, hf_states = in_own_process(
+        capture_with_both_backends, model_dir, batch, CPU_CAPTURE_SETTINGS, MAX_BATCH_TOKENS
+    )
+    assert ran == sglang_class
+    assert [aux.shape for aux, _ in sglang_states] == [(len(ids), 3 * 32) for ids in batch]
+    for (aux, final), (hf_aux, hf_final) in zip(sglang_states, hf_states, strict=True):
+        torch.testing.assert_close(aux, hf_aux, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(final, hf_final, atol=1e-5, rtol=1e-5)
+
+
+def test_gpt_oss_does_not_run_on_sglangs_cpu_attention(tmp_path):
+    """SGLang 0.5.23 refuses gpt-oss with torch_native, the attention backend these tests run ("neither
+    sliding window nor attention sinks", its source says). Of the backends it accepts (triton, trtllm_mha,
+    fa3, fa4, ascend, intel_amx, intel_xpu, aiter) only intel_amx is for CPUs, and it calls sgl-kernel's CPU
+    operators, which have no build for this torch (cpu/sgl_kernel is import-only). When a release accepts
+    torch_native, the capture above should take gpt-oss too."""
+    model_dir = tiny_family_dir("gpt-oss", "gpt_oss", tmp_path / "model")
+    refusal = r"(?s)GptOssForCausalLM requires one of .* attention backend.*Prefill: torch_native"
+    with pytest.raises(AssertionError, match=refusal):
+        in_own_process(capture_with_both_backends, model_dir, [[1, 2, 3]], CPU_CAPTURE_SETTINGS, MAX_BATCH_TOKENS)

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from eagle3_datagen.chat.families import Family
+
 # A call id as the model writes it: "functions.get_time:0", or "get_time:0" (KimiK2Detector's pattern).
 MODEL_CALL_ID = re.compile(r"^(?:functions\.)?(?P<name>[\w.\-]+):(?P<index>\d+)$")
 BARE_COUNTER = re.compile(r"^\d+$")
@@ -29,6 +31,17 @@ def call_id(name: str, index: int) -> str:
 
 def openai_call(name: str, arguments: str, index: int) -> dict:
     return {"id": call_id(name, index), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def declared_call(call: dict, tools: Sequence[dict] | None, index: int) -> dict | None:
+    """A parsed `{"name", "arguments" | "parameters"}` object as an OpenAI call numbered `index`, its
+    arguments JSON as SGLang's parsers write them (`BaseFormatDetector.parse_base_json`); None for a
+    function that `tools` does not declare (SGLang drops those)."""
+    name = call.get("name")
+    if not name or name not in {tool["function"]["name"] for tool in tools or ()}:
+        return None
+    arguments = call.get("parameters") or call.get("arguments", {})
+    return openai_call(name, json.dumps(arguments, ensure_ascii=False), index)
 
 
 def calls_before(messages: Sequence[dict]) -> int:
@@ -130,7 +143,9 @@ def _call_name(model_id: str, tools: Sequence[dict] | None) -> str | None:
     return None
 
 
-def derive_markers(tokenizer: PreTrainedTokenizerBase, template_kwargs: dict | None = None) -> ToolCallMarkers:
+def derive_markers(
+    tokenizer: PreTrainedTokenizerBase, template_kwargs: dict | None = None, family: Family | None = None
+) -> ToolCallMarkers:
     """Read the tool-call markers off the chat template's rendering of a two-call turn.
 
     The template must write each call as `{call_begin}{id}{argument_begin}{arguments}{call_end}`
@@ -144,7 +159,7 @@ def derive_markers(tokenizer: PreTrainedTokenizerBase, template_kwargs: dict | N
     user = {"role": "user", "content": PROBE_USER}
     turn = {"role": "assistant", "content": PROBE_ASSISTANT, "tool_calls": calls}
     try:
-        text = render_text(tokenizer, [user, turn], False, template_kwargs)
+        text = render_text(tokenizer, [user, turn], False, template_kwargs, family=family)
     except Exception as e:  # a template may raise on tool calls (jinja's raise_exception)
         raise TemplateError(f"the chat template cannot render a tool call ({type(e).__name__}: {e})") from None
     text = text[text.rindex(PROBE_ASSISTANT) + len(PROBE_ASSISTANT) :]

@@ -102,13 +102,17 @@ def qwen3_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def demo_tokenizer(settings: dict) -> PreTrainedTokenizerFast:
-    """The tokenizer a demo's model directory gets, before the model is built: Qwen3's, or for the tiny
-    Kimi (`architecture: deepseek_v3`) the one built from its `tokenizer` files."""
-    if settings.get("architecture", "qwen3") == "deepseek_v3":
+    """The tokenizer a demo's model directory gets, before the model is built: Qwen3's, the one built from
+    the tiny Kimi's tiktoken files, or a family's tokenizer folder as it is."""
+    if "tokenizer" not in settings:
+        return qwen3_tokenizer()
+    if (Path(settings["tokenizer"]) / "tiktoken.model").exists():
         from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 
         return fast_tokenizer_from_tiktoken(settings["tokenizer"])
-    return qwen3_tokenizer()
+    from eagle3_datagen.chat.template import load_tokenizer
+
+    return load_tokenizer(settings["tokenizer"])
 
 
 def tiny_qwen3_config(vocab_size: int, settings: dict) -> Qwen3Config:

@@ -13,6 +13,7 @@ Each problem is one line naming the setting, the value and the fix.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
@@ -81,6 +82,9 @@ def problems(
         found += _openrouter_problems(config, openrouter, environ)
     if "demo" not in config and any(not j.rule.startswith("prompts_") and j.rule not in NO_MODEL_RULES for j in jobs):
         found += _model_problems(config["model"]["path"])
+        found += _template_problems(config["model"]["path"], config["model"])
+    elif "demo" in config and "tokenizer" in config["demo"]:  # a target built from this tokenizer folder
+        found += _template_problems(config["demo"]["tokenizer"], config["model"])
     if not sglang_deployed:
         found += _sglang_problems(config, jobs, environ)
     found += _specforge_problems(config, jobs, environ, sglang_deployed)
@@ -129,6 +133,41 @@ def _model_problems(path: str) -> list[str]:
             "directory (as the model's hub repository holds it)"
         ]
     return []
+
+
+def chat_template_text(folder: str | Path) -> str | None:
+    """The chat template a tokenizer folder holds (chat_template.jinja, else tokenizer_config.json's), as text."""
+    folder = Path(folder)
+    if (folder / "chat_template.jinja").is_file():
+        return (folder / "chat_template.jinja").read_text()
+    if not (folder / "tokenizer_config.json").is_file():
+        return None
+    template = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+    if isinstance(template, list):  # named templates: every one
+        return "\n".join(entry.get("template", "") for entry in template)
+    return template
+
+
+def _template_problems(folder: str | Path, model: dict) -> list[str]:
+    """What the tokens and generation jobs refuse at their start (`chat.families.load_chat`), read here
+    without loading the tokenizer: a template that writes today's date without model.chat_template_date,
+    a model.chat_template_kwargs key the template's text never names."""
+    template = chat_template_text(folder)
+    if template is None:
+        return []
+    found = []
+    if "strftime_now" in template and model["chat_template_date"] is None:
+        found.append(
+            f"the chat template in {folder} writes today's date (strftime_now), so prompts rendered on another day "
+            "differ from those the model saw: set model.chat_template_date (YYYY-MM-DD) to fix it"
+        )
+    unknown = [key for key in model["chat_template_kwargs"] if not re.search(rf"\b{re.escape(key)}\b", template)]
+    if unknown:
+        found.append(
+            f"model.chat_template_kwargs sets {unknown}, which the chat template in {folder} never reads: use the "
+            "template's own name for the switch (docs/targets.md)"
+        )
+    return found
 
 
 def _sglang_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) -> list[str]:

@@ -310,14 +310,23 @@ def spread_over_nodes(workflow, group: str, rule: str, nodes: int) -> None:
 
 def demo_fit_partitions(config: dict) -> list[dict]:
     """What the demo model is fitted to, per partition: the Qwen3 demo learns the sources' own
-    conversations; the tiny Kimi model learns the prompts as the prompts stage builds them, so a
-    partition's system prompt changes it (and only it)."""
-    keys = (
-        ("source", "format", "system_prompt")
-        if config["demo"].get("architecture") == "deepseek_v3"  # absent: qwen3, as the demo's params record it
-        else ("source", "format")
-    )
+    conversations; a target built from a tokenizer folder (the tiny Kimi, the families' tiny targets)
+    learns the prompts as the prompts stage builds them, so a partition's system prompt changes it (and
+    only it)."""
+    keys = ("source", "format", "system_prompt") if "tokenizer" in config["demo"] else ("source", "format")
     return [{k: config["partitions"][p].get(k) for k in keys} for p in sorted(config["partitions"])]
+
+
+# The model settings a target built from a tokenizer folder renders its fitting prompts with, as the run does.
+DEMO_CHAT_KEYS = ("chat_template_kwargs", "chat_template_date", "family")
+
+
+def demo_settings(config: dict) -> dict:
+    """The demo model builder's settings: the `demo` section, and for a target built from a tokenizer folder
+    the model's chat settings (`chat`), so that it is fitted to the prompts the run renders."""
+    if "tokenizer" not in config["demo"]:
+        return config["demo"]
+    return {**config["demo"], "chat": {key: config["model"][key] for key in DEMO_CHAT_KEYS}}
 
 
 def source_is_input(source: str) -> bool:

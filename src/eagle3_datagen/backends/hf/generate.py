@@ -35,6 +35,9 @@ class HFBackend:
         self.batch_size = settings["batch_size"]
         self.concurrency = self.batch_size  # one group in flight
         self.seed = sampling["seed"]
+        # Padded positions are masked out; a tokenizer without a pad token (Llama 3.1's) pads with its end of turn.
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.specials.end_of_turn_id
 
     def fingerprint(self) -> dict:
         # not batch_size or device: they change float bits, not meaning, and a journal resumes under others
@@ -78,7 +81,7 @@ class HFBackend:
         prompts = [self.chat.prompt_ids(messages, tools) for messages, tools in requests]
         # Rows in an order and a seed that depend on the prompts alone, not on who asked first.
         order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i]))
-        ids, mask = pad_batch([prompts[i] for i in order], self.tokenizer.pad_token_id, side="left")
+        ids, mask = pad_batch([prompts[i] for i in order], self.pad_id, side="left")
         torch.manual_seed(self.seed + zlib.crc32(ids.numpy().tobytes()))
         device = self.lm.device
         out = self.lm.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **self._generation_kwargs())
@@ -91,8 +94,8 @@ class HFBackend:
         temperature = self.sampling["temperature"]
         kwargs = {
             "max_new_tokens": self.sampling["max_new_tokens"],
-            "eos_token_id": self.specials.end_of_turn_id,
-            "pad_token_id": self.tokenizer.pad_token_id,
+            "eos_token_id": self.specials.stop_ids,
+            "pad_token_id": self.pad_id,
             "do_sample": temperature > 0,
         }
         if temperature > 0:
@@ -104,9 +107,9 @@ class HFBackend:
         return kwargs
 
     def _turn(self, prompt_ids: list[int], generated: list[int], history: list[dict], tools: list | None) -> Turn:
-        eot = self.specials.end_of_turn_id
-        output_ids = generated[: generated.index(eot) + 1] if eot in generated else generated
-        # Rows that stopped early are padded after their end-of-turn token; cut there.
+        # Rows that stopped early are padded after their stop token (end of turn, or a call's end); cut there.
+        stop = next((i for i, token in enumerate(generated) if token in self.specials.stop_ids), None)
+        output_ids = generated if stop is None else generated[: stop + 1]
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids)}
         return self.chat.turn(output_ids, prompt_ids, history, tools, usage)
 

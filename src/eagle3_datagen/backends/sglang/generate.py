@@ -140,7 +140,7 @@ class SGLangBackend:
                 "temperature": self.sampling["temperature"],
                 "top_p": self.sampling["top_p"],
                 "top_k": self.sampling["top_k"] or -1,
-                "stop_token_ids": [self.specials.end_of_turn_id],
+                "stop_token_ids": self.specials.stop_ids,
                 "skip_special_tokens": False,
                 "no_stop_trim": True,
             },
@@ -155,12 +155,9 @@ class SGLangBackend:
         finish = meta.get("finish_reason") or {}
         output_ids = list(body["output_ids"])
         stopped = finish.get("type") == "stop"
-        if (
-            stopped
-            and finish.get("matched") == self.specials.end_of_turn_id
-            and output_ids[-1:] != [self.specials.end_of_turn_id]
-        ):
-            output_ids.append(self.specials.end_of_turn_id)  # a server that trims the matched token
+        matched = finish.get("matched")
+        if stopped and matched in self.specials.stop_ids and output_ids[-1:] != [matched]:
+            output_ids.append(matched)  # a server that trims the matched token
         think_end = self.specials.think_end_id
         usage = {
             "prompt_tokens": meta.get("prompt_tokens", len(prompt_ids)),

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from eagle3_datagen.chat.families import family_for_model_type
 from eagle3_datagen.formats.checkpoint import FinalNorm, head_and_norm_names, one_named, tensor_files, text_config
 from eagle3_datagen.formats.draft_vocab import VOCAB_MAPPING
 from eagle3_datagen.formats.hidden_shard import HiddenShard
@@ -90,6 +91,10 @@ class SpecForgeExport:
                 f"{self.aux_layers}: set hidden_states.aux_layers to 3 layers (or auto) and recapture"
             )
         self.model_path = Path(model_path).resolve()
+        # The ids SGLang serving the draft captures these layers with: most families count from the
+        # layer output (id i - 1 for hidden_states[i]); DeepSeek's shift only ids that start at 1.
+        family = family_for_model_type(text_config(self.model_path).get("model_type", ""))
+        self.sglang_layer_ids = family.sglang_layer_ids(self.aux_layers)
         # results/vocab's vocab_mapping.pt, named in specforge.yaml (not copied: results/vocab combines
         # every partition, and a copy would rerun every export when one partition changes)
         self.vocab_dir = Path(vocab_dir).resolve() if vocab_dir else None
@@ -118,20 +123,26 @@ class SpecForgeExport:
     def draft_config(self) -> dict:
         """The draft config SpecForge would generate from the target, with our draft vocabulary and layers.
 
-        `eagle_aux_hidden_state_layer_ids` counts as SGLang does (layer i's output is id i - 1, our
-        hidden_states index i), so SGLang serving the trained draft captures the layers it was trained on."""
+        `eagle_aux_hidden_state_layer_ids` counts as SGLang does for the target's family (for most, layer
+        i's output is id i - 1, our hidden_states index i: `chat.families`), so SGLang serving the trained
+        draft captures the layers it was trained on."""
         target = text_config(self.model_path)
         config = {key: target[key] for key in SPECFORGE_DRAFT_FIELDS if target.get(key) is not None}
         if "head_dim" not in config and "qk_rope_head_dim" in target:
             # SpecForge reads the target through AutoConfig: DeepSeek-V3's config sets head_dim so.
             config["head_dim"] = target["qk_rope_head_dim"]
+        rope = config.get("rope_scaling") or {}
+        if rope.get("rope_type", rope.get("type")) == "yarn" and "mscale" not in rope:
+            # gpt-oss's YaRN names no mscale: SpecForge 0.2.0's draft passes the absent keys on as None and
+            # fails; these two give its YaRN transformers' default attention factor, 0.1 ln(factor) + 1.
+            config["rope_scaling"] = {**rope, "mscale": 1.0, "mscale_all_dim": 0.0}
         config.update(
             architectures=["LlamaForCausalLMEagle3"],
             model_type="llama",
             num_hidden_layers=1,
             tie_word_embeddings=False,
             use_cache=True,
-            eagle_config={"eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.aux_layers]},
+            eagle_config={"eagle_aux_hidden_state_layer_ids": self.sglang_layer_ids},
         )
         config.setdefault("pad_token_id", 0)
         if self.draft_vocab_size is not None:
@@ -164,7 +175,7 @@ class SpecForgeExport:
             "trainer": SPECFORGE_RELEASE,
             "final_norm_applied": self.final_norm is not None,
             "aux_layers": self.aux_layers,
-            "specforge_aux_layer_ids": [i - 1 for i in self.aux_layers],
+            "specforge_aux_layer_ids": self.sglang_layer_ids,
         }
 
 
@@ -204,7 +215,7 @@ data.hidden_states_path=... model.draft_model_config=... model.vocab_mapping_pat
 
 - `rows_*/data_*.ckpt`: one sample each, numbered as in `ids.jsonl` (SpecForge's file index).
   `hidden_state` is the final layer after the target's final norm, {norm}; `aux_hidden_state` holds
-  hidden_states layers {sf.aux_layers} (SpecForge/SGLang ids {[i - 1 for i in sf.aux_layers]}).
+  hidden_states layers {sf.aux_layers} (SpecForge/SGLang ids {sf.sglang_layer_ids}).
 - `draft_config.json`: SpecForge's generated draft config with this draft vocabulary and
   `eagle_config.eagle_aux_hidden_state_layer_ids`. {vocab_note}
 - `specforge.yaml`: the target checkpoint, `lm_head_key`/`embedding_key` as its tensors are named.

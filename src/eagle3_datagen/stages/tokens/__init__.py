@@ -27,13 +27,9 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from eagle3_datagen.chat.families import Family, load_chat
 from eagle3_datagen.chat.gates import GateMarkers, Gates, GateSettings, console_line, pooled
-from eagle3_datagen.chat.template import (
-    SpecialTokens,
-    load_tokenizer,
-    resolve_special_tokens,
-    tools_rendering,
-)
+from eagle3_datagen.chat.template import SpecialTokens, tools_rendering
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 from eagle3_datagen.formats.files import read_json, read_jsonl, write_json, write_jsonl_zst
 from eagle3_datagen.formats.histograms import histogram
@@ -86,9 +82,15 @@ class TokenBuilder:
         boundaries: str = "auto",
         encoder: PreTrainedTokenizerBase | None = None,
         reference: PreTrainedTokenizerBase | None = None,
+        family: Family | None = None,
     ):
         self.locator = TurnLocator(
-            tokenizer, specials, settings.thinking, settings.loss_turns, template_kwargs
+            tokenizer,
+            specials,
+            settings.thinking,
+            settings.loss_turns,
+            template_kwargs,
+            family,
         )
         self.gates = Gates(settings.gates, GateMarkers.of(tokenizer, specials, template_kwargs))
         self.encoding = PlanEncoder(encoder or tokenizer, reference, boundaries)
@@ -154,6 +156,7 @@ class TokenBuilder:
         return {
             "settings": dataclasses.asdict(self.settings),
             "tokenizer": self.describe_tokenizer(),
+            "family": self.locator.family.name,
             "boundaries": self.encoding.boundaries,
             "tools_rendering": self.tools_rendering,
             "special_tokens": self.specials.as_dict(),
@@ -198,13 +201,20 @@ def make_builder(model_path: str | Path, model_settings: dict, settings: TokenSe
     """The builder for a model directory. A slow tokenizer beside a `tiktoken.model` (Kimi's
     remote-code `TikTokenTokenizer`) keeps rendering, and a fast tokenizer built from the same
     files encodes, checked against the model's own on every text."""
-    tokenizer = load_tokenizer(model_path, model_settings["trust_remote_code"])
-    template_kwargs = model_settings["chat_template_kwargs"]
-    specials = resolve_special_tokens(tokenizer, model_settings["special_tokens"], template_kwargs)
+    chat = load_chat(model_path, model_settings)
+    tokenizer = chat.tokenizer
     encoder = reference = None
     if not tokenizer.is_fast and (Path(model_path) / "tiktoken.model").exists():
         encoder, reference = fast_tokenizer_from_tiktoken(model_path), tokenizer
-    return TokenBuilder(tokenizer, specials, settings, template_kwargs, encoder=encoder, reference=reference)
+    return TokenBuilder(
+        tokenizer,
+        chat.specials,
+        settings,
+        chat.template_kwargs,
+        encoder=encoder,
+        reference=reference,
+        family=chat.family,
+    )
 
 
 def _one_core() -> None:

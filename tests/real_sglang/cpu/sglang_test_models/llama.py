@@ -1,0 +1,1 @@
+from sglang.srt.models.llama import EntryClass  # noqa: F401
