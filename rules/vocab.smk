@@ -12,6 +12,9 @@ rule vocab_mapping:
         "benchmarks/vocab/vocab_mapping.tsv"
     conda:
         "../envs/cpu.yaml"
+    resources:
+        mem_mb=get_vocab_mem_mb,
+        runtime=get_vocab_runtime,
     params:
         partitions=PARTITION_SET,
         # without vocab_mapping the rule is no target, and its params are never read
