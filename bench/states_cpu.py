@@ -129,16 +129,17 @@ def hidden_settings(storage: dict, part_mb: int, threads: int) -> dict:
 def capture_section(samples, capture, args, bf16: int, tokens: int, work: Path) -> dict:
     results = {}
     for name, storage in STORAGE.items():
-        row = {}
+        row, seconds = {}, {}
         for threads in (1, 2):
             out = work / f"{name}-{threads}".replace(" ", "_")
             index, wall, cpu = timed(
                 capture_shard, samples, out, capture, hidden_settings(storage, args.part_mb, threads)
             )
-            row[threads] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "ratio": round(index["bytes"] / bf16, 4)}
-        per_core = bf16 / row[1]["cpu_s"]
+            row[threads] = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "ratio": round(index["bytes"] / bf16, 4)}
+            seconds[threads] = (wall, cpu)
+        per_core = bf16 / seconds[1][1]
         row["bf16_MB_per_s_per_core"] = round(per_core / 1e6)
-        row["scaling_1_to_2_threads"] = round(row[1]["wall_s"] / row[2]["wall_s"], 2)
+        row["scaling_1_to_2_threads"] = round(seconds[1][0] / seconds[2][0], 2)
         row["cores_at_target"] = round(args.target * bf16 / tokens / per_core, 1)
         results[name] = row
     return results
@@ -157,7 +158,7 @@ def overlap_section(samples, capture, args, tokens: int, work: Path, cpu_side_to
         "forward_tokens_per_s": round(args.forward_share * cpu_side_tokens_per_s),
         "forward_s": round(capture.forward_seconds, 2),
         "stage_s": round(wall, 2),
-        "stage_over_forward": round(wall / capture.forward_seconds, 3),
+        "stage_over_forward": round(wall / max(capture.forward_seconds, 1e-9), 3),
     }
 
 
@@ -169,18 +170,19 @@ def export_section(shard: Path, bf16: int, tokens: int, work: Path) -> dict:
         "speculators": ("speculators", {}),
     }
     for name, (fmt, settings) in variants.items():
-        row = {}
+        row, seconds = {}, {}
         for threads in (1, 2):
             out = work / f"export-{name}-{threads}".replace(" ", "_")
             summary, wall, cpu = timed(
                 export, [shard], out, fmt, model_path=work / "model", settings=fill_defaults(settings, "export"),
                 threads=threads,
             )  # fmt: skip
-            row[threads] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2)}
+            row[threads] = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3)}
+            seconds[threads] = (wall, cpu)
             row["bytes_per_token"] = round(summary["bytes"] / tokens, 1)
             row["ratio_to_bf16"] = round(summary["bytes"] / bf16, 4)
-        row["bf16_MB_per_s_per_core"] = round(bf16 / row[1]["cpu_s"] / 1e6)
-        row["scaling_1_to_2_threads"] = round(row[1]["wall_s"] / row[2]["wall_s"], 2)
+        row["bf16_MB_per_s_per_core"] = round(bf16 / seconds[1][1] / 1e6)
+        row["scaling_1_to_2_threads"] = round(seconds[1][0] / seconds[2][0], 2)
         results[name] = row
     return results
 
@@ -189,10 +191,10 @@ def read_section(shard: Path, bf16: int, work: Path) -> dict:
     results = {}
     hidden = HiddenShard(shard)
     _, _, cpu = timed(lambda: [hidden.part_samples(k) for k in range(len(hidden.index["parts"]))])
-    results["shard parts (zstd_planes), our reader"] = {"bf16_MB_per_s_per_core": round(bf16 / cpu / 1e6)}
+    results["shard parts (zstd_planes), our reader"] = {"bf16_MB_per_s_per_core": round(bf16 / max(cpu, 1e-6) / 1e6)}
     states = sorted((work / "export-speculators-1" / "hidden_states").glob("hs_*.safetensors"))
     _, _, cpu = timed(lambda: [float(t.float().sum()) for p in states for t in load_file(p).values()])
-    results["speculators hs_i.safetensors, load_file"] = {"bf16_MB_per_s_per_core": round(bf16 / cpu / 1e6)}
+    results["speculators hs_i.safetensors, load_file"] = {"bf16_MB_per_s_per_core": round(bf16 / max(cpu, 1e-6) / 1e6)}
     python = REPO / ".venv-specforge" / "bin" / "python"
     for name, directory in (("plain", "export-specforge-1"), ("gzip 1", "export-specforge_gzip_1-1")):
         rows = sorted(str(p) for p in (work / directory).glob("rows_*/*"))
@@ -201,7 +203,7 @@ def read_section(shard: Path, bf16: int, work: Path) -> dict:
             continue
         out = subprocess.run([str(python), "-c", SPECFORGE_READ, *rows], capture_output=True, text=True, check=True)
         cpu = json.loads(out.stdout.splitlines()[-1])["cpu_s"]
-        results[f"SpecForge load_feature_file, {name}"] = {"bf16_MB_per_s_per_core": round(bf16 / cpu / 1e6)}
+        results[f"SpecForge load_feature_file, {name}"] = {"bf16_MB_per_s_per_core": round(bf16 / max(cpu, 1e-6) / 1e6)}
     return results
 
 
@@ -249,7 +251,7 @@ def main() -> None:
             captured = capture_section(samples, capture, args, bf16, tokens, work)
             print(json.dumps({"capture": captured}, indent=2))
             if "overlap" in args.sections:
-                cpu_side = tokens / captured["zstd_planes"][2]["wall_s"]
+                cpu_side = tokens / max(captured["zstd_planes"][2]["wall_s"], 1e-3)
                 print(
                     json.dumps({"overlap": overlap_section(samples, capture, args, tokens, work, cpu_side)}, indent=2)
                 )

@@ -144,20 +144,26 @@ def bounded_tokens(config: dict, partition: str, results: Path) -> Tokens | None
     return Tokens(tokens, samples, "upper bound (prompts, max tokens per turn)")
 
 
-def observed_shard_ratio(results: Path, dtype: str, compress: str, level: int) -> tuple[float, str]:
+def observed_shard_ratio(
+    results: Path, dtype: str, compress: str, level: int, partition: str | None = None
+) -> tuple[float, str]:
     """On-disk over raw bytes of the finished shards stored as `dtype` and `compress` at `level` (released
-    ones too: their index.json stays), else the assumed one."""
-    on_disk = raw = 0
-    for path in results.glob("*/hidden/*/index.json"):
-        index = read_json(path)
-        stored = index.get("compress") or {}
-        if (index["dtype"], stored.get("codec", "none"), stored.get("level", level)) == (dtype, compress, level):
-            on_disk += index.get("bytes", 0)
-            raw += index.get("raw_bytes", 0)
+    ones too: their index.json stays): the partition's own, else every partition's, else the assumed one."""
     if compress == "none":
         return 1.0, "uncompressed"
-    if raw:
-        return on_disk / raw, "observed on finished shards"
+    where = [("*/hidden/*/index.json", "observed on finished shards")]
+    if partition is not None:
+        where.insert(0, (f"{partition}/hidden/*/index.json", "observed on the partition's finished shards"))
+    for pattern, basis in where:
+        on_disk = raw = 0
+        for path in results.glob(pattern):
+            index = read_json(path)
+            stored = index.get("compress") or {}
+            if (index["dtype"], stored.get("codec", "none"), stored.get("level", level)) == (dtype, compress, level):
+                on_disk += index.get("bytes", 0)
+                raw += index.get("raw_bytes", 0)
+        if raw:
+            return on_disk / raw, basis
     return storage.assumed_shard_ratio(dtype, compress, level), "assumed"
 
 
@@ -214,7 +220,9 @@ def partition_bytes(config: dict, partition: str, tokens: Tokens, results: Path)
     """The bytes of a partition's shards and exports for `tokens`, compressed at the observed or assumed ratios."""
     states = stored_states(config)
     hidden = config["hidden_states"]
-    ratio, ratio_basis = observed_shard_ratio(results, hidden["dtype"], hidden["compress"], hidden["compress_level"])
+    ratio, ratio_basis = observed_shard_ratio(
+        results, hidden["dtype"], hidden["compress"], hidden["compress_level"], partition
+    )
     per_token = storage.shard_bytes_per_token(
         states.dtype, states.scales, states.scale_block, states.aux_layers, states.hidden_size
     )
