@@ -15,8 +15,9 @@ Sections (all by default; each prints one JSON object):
   and 2 threads (`hidden_states.writer_threads`): CPU seconds (every thread's), bytes/s per core (bf16
   bytes), wall-time scaling from 1 to 2 threads, and the cores the CPU side needs at --target tokens/s.
 - `overlap`: the same with forward passes that take a fixed time without the CPU (what a GPU forward
-  leaves the host: the stand-in sleeps), at --forward-share of the 2-thread pool's rate, so that the CPU
-  side can keep up: stage time over the forward passes' time (1.0: the CPU is hidden).
+  leaves the host: the stand-in sleeps), at --forward-share of the 2-thread pool's rate (or at
+  --forward-tokens-per-s), so that the CPU side can keep up: stage time over the forward passes' time
+  (1.0: the CPU is hidden; what is left is the last part's write, one part's time of the shard's).
 - `export`: the exports of the zstd_planes shard (SpecForge plain and gzipped, speculators) on 1 and 2
   threads: CPU seconds per bf16 byte, wall scaling, bytes on disk per token and their ratio to bf16.
 - `read`: what a trainer pays to read a sample: SpecForge 0.2.0's own `load_feature_file` on `.ckpt`
@@ -235,6 +236,9 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=7168)
     p.add_argument("--target", type=float, default=40_000, help="tokens/s the node's forward passes capture")
     p.add_argument("--forward-share", type=float, default=0.8, help="forward rate as a share of the CPU side's")
+    p.add_argument(
+        "--forward-tokens-per-s", type=float, help="the overlap's forward rate (default: --forward-share of capture's)"
+    )
     p.add_argument("--sections", nargs="+", default=["capture", "overlap", "export", "read"])
     p.add_argument("--work", type=Path, help="where files are written (default: a temporary directory)")
     args = p.parse_args()
@@ -247,14 +251,14 @@ def main() -> None:
     print(json.dumps({"tokens": tokens, "samples": count, "hidden": args.hidden, "bf16_bytes": bf16}))
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)
+        cpu_side = None
         if "capture" in args.sections:
             captured = capture_section(samples, capture, args, bf16, tokens, work)
             print(json.dumps({"capture": captured}, indent=2))
-            if "overlap" in args.sections:
-                cpu_side = tokens / max(captured["zstd_planes"][2]["wall_s"], 1e-3)
-                print(
-                    json.dumps({"overlap": overlap_section(samples, capture, args, tokens, work, cpu_side)}, indent=2)
-                )
+            cpu_side = tokens / max(captured["zstd_planes"][2]["wall_s"], 1e-3)
+        if "overlap" in args.sections and (cpu_side or args.forward_tokens_per_s):
+            rate = args.forward_tokens_per_s / args.forward_share if args.forward_tokens_per_s else cpu_side
+            print(json.dumps({"overlap": overlap_section(samples, capture, args, tokens, work, rate)}, indent=2))
         if {"export", "read"} & set(args.sections):
             shard = work / "export-source"
             capture_shard(samples, shard, capture, hidden_settings(STORAGE["zstd_planes"], args.part_mb, 2))

@@ -185,8 +185,8 @@ EXPORT_SETTINGS = {
     for fmt in ("specforge", "speculators")
 }
 # With hidden_states.keep_shards: false (the default), a partition with an export keeps only its shards'
-# index.json once its exports and probes are done (rule release_hidden): the exports are the run's one copy
-# of the states.
+# index.json once its exports and probes are done (`release_hidden` in rules/hidden.smk), so that the exports
+# are the run's one copy of the states.
 RELEASED = [
     f"results/{p}/hidden/released.json" for p in disk.released_partitions(config)
 ]

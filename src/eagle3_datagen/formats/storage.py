@@ -5,7 +5,7 @@ Per token and per sample, by element type, layout and compression: `Codec` sizes
 (`reporting/plan.py`, `workflow/disk.py`, `workflow/job_resources.py`) count a run's bytes with the rest.
 Overheads are the files' own framing, measured on real files (tests/test_storage.py checks the model
 against exports of every format); compressed sizes use a finished output's observed ratio where one
-exists, else the ratios below, measured on synthetic 7168-wide states (BENCHMARKS.md, `bench/capture_cpu.py`).
+exists, else the ratios below, measured on synthetic 7168-wide states (BENCHMARKS.md, `bench/states_cpu.py`).
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ INDEX_PER_PART = 250
 # (bench/states_cpu.py at 7168 wide, one writer thread, CPU time), by storage: what the plan sizes the
 # node's CPU side with. zstd was measured at levels 1 and 3; other levels count as the nearer one.
 CAPTURE_BYTES_PER_CORE_S = {
-    ("plain", "none", 0): 163e6,
-    ("plain", "zstd", 3): 132e6,
-    ("plain", "zstd_planes", 3): 96e6,
-    ("plain", "zstd_planes", 1): 122e6,
-    ("fp8", "zstd", 3): 71e6,
+    ("plain", "none", 0): 184e6,
+    ("plain", "zstd", 3): 159e6,
+    ("plain", "zstd_planes", 3): 109e6,
+    ("plain", "zstd_planes", 1): 148e6,
+    ("fp8", "zstd", 3): 83e6,
 }
 
 

@@ -21,8 +21,8 @@ from eagle3_datagen.formats.files import read_json
 from eagle3_datagen.workflow import disk
 
 # bf16 bytes of states per CPU second (reading the shard's parts included), bench/states_cpu.py.
-EXPORT_RATE = {"specforge": 137e6, "specforge gzip": 33e6, "speculators": 156e6}
-DECODE_RATE = 370e6  # a shard's parts read back (zstd_planes; plain parts are faster)
+EXPORT_RATE = {"specforge": 180e6, "specforge gzip": 39e6, "speculators": 220e6}
+DECODE_RATE = 516e6  # a shard's parts read back (zstd_planes; plain parts are faster)
 HEAD_FLOPS = 20e9  # the probe's LM head, bf16 matmul on one core
 TOKEN_SHARD_RATE = 10e6  # compressed token-shard bytes the vocab job parses per second
 BASE_MB = 3_000  # a job's Python, torch and libraries
