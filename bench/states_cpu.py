@@ -20,12 +20,15 @@ Sections (all by default; each prints one JSON object):
   (1.0: the CPU is hidden; what is left is the last part's write, one part's time of the shard's).
 - `export`: the exports of the zstd_planes shard (SpecForge plain and gzipped, speculators) on 1 and 2
   threads: CPU seconds per bf16 byte, wall scaling, bytes on disk per token and their ratio to bf16.
+- `zstd`: zstd's multithreaded mode (`threads=1` and 2: one frame cut in jobs) against the single-threaded
+  frame the codec writes, level 3, on the first --zstd-mb MB of the states as safetensors bytes and as byte
+  planes: CPU MB/s per core (best of 3) and whether the frames are the single-threaded one's bytes.
 - `read`: what a trainer pays to read a sample: SpecForge 0.2.0's own `load_feature_file` on `.ckpt`
   and `.ckpt.gz` (in .venv-specforge, when built), safetensors' `load_file` on a speculators file, and
   our reader decoding the shard's parts, each per core (every tensor touched).
 
 Usage: python bench/states_cpu.py [--tokens 8192] [--sample-tokens 512] [--part-mb 64] [--hidden 7168]
-       [--sections capture overlap export read] [--work DIR]
+       [--sections capture overlap export read zstd] [--work DIR]
 """
 
 import argparse
@@ -37,10 +40,13 @@ from pathlib import Path
 
 import datasets  # noqa: F401 (imported before timing: the speculators export writes its rows with it)
 import torch
+import zstandard
 from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 
 from eagle3_datagen.backends.base import SingleProcess
 from eagle3_datagen.config_schema import fill_defaults
+from eagle3_datagen.formats.hidden_codec import byte_planes
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.export import export
 from eagle3_datagen.stages.hidden.shard import capture_shard
@@ -208,6 +214,31 @@ def read_section(shard: Path, bf16: int, work: Path) -> dict:
     return results
 
 
+def zstd_section(samples: list[dict], states: dict, megabytes: int) -> dict:
+    """CPU MB/s a core of zstd level 3 single-threaded (the codec's frame) and in its multithreaded mode."""
+    rows, size = [], 0
+    for sample in samples:
+        rows.append(states[sample["input_ids"][0]][0])
+        size += rows[-1].numel() * 2
+        if size >= megabytes * 1e6:
+            break
+    aux = torch.cat(rows)
+    results = {"MB": round(size / 1e6)}
+    for name, tensor in (("bf16 states", aux), ("byte planes", byte_planes(aux))):
+        data = safetensors_bytes({"x": tensor})
+        single = zstandard.ZstdCompressor(level=3).compress(data)
+        row = {}
+        for mode, kwargs in (("single-threaded", {}), ("threads=1", {"threads": 1}), ("threads=2", {"threads": 2})):
+            compressor = zstandard.ZstdCompressor(level=3, **kwargs)
+            frame, best = None, None
+            for _ in range(3):
+                frame, _, cpu = timed(compressor.compress, data)
+                best = cpu if best is None else min(best, cpu)
+            row[mode] = {"MB_per_s_per_core": round(len(data) / best / 1e6), "same_bytes_as_single": frame == single}
+        results[name] = row
+    return results
+
+
 def write_model(path: Path, hidden: int) -> None:
     """A checkpoint of only what the SpecForge export reads: config, final norm, LM head and embedding (tiny
     vocabulary), with its index."""
@@ -239,7 +270,8 @@ def main() -> None:
     p.add_argument(
         "--forward-tokens-per-s", type=float, help="the overlap's forward rate (default: --forward-share of capture's)"
     )
-    p.add_argument("--sections", nargs="+", default=["capture", "overlap", "export", "read"])
+    p.add_argument("--sections", nargs="+", default=["capture", "overlap", "export", "read", "zstd"])
+    p.add_argument("--zstd-mb", type=int, default=88, help="the zstd section's bytes of states")
     p.add_argument("--work", type=Path, help="where files are written (default: a temporary directory)")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -266,6 +298,8 @@ def main() -> None:
             print(json.dumps({"export": export_section(shard, bf16, tokens, work)}, indent=2))
             if "read" in args.sections:
                 print(json.dumps({"read": read_section(shard, bf16, work)}, indent=2))
+    if "zstd" in args.sections:
+        print(json.dumps({"zstd": zstd_section(samples, states, args.zstd_mb)}, indent=2))
 
 
 if __name__ == "__main__":
