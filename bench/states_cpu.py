@@ -33,6 +33,7 @@ Usage: python bench/states_cpu.py [--tokens 8192] [--sample-tokens 512] [--part-
 
 import argparse
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -160,6 +161,7 @@ def overlap_section(samples, capture, args, tokens: int, work: Path, cpu_side_to
     capture.seconds_per_token = 0.0
     return {
         "setting": "zstd_planes",
+        "load_average_1min": round(os.getloadavg()[0], 2),  # other processes on the cores: the ratio is then higher
         "writer_threads": 2,
         "parts": len(index["parts"]),
         "forward_tokens_per_s": round(args.forward_share * cpu_side_tokens_per_s),
