@@ -137,7 +137,7 @@ class Codec:
 
     def part_bytes(self, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[bytes, int]:
         """The file's bytes and their size before compression. One zstd frame, compressed on one thread:
-        zstd's multithreaded mode costs about a third more CPU a byte (BENCHMARKS.md), so a capture
+        zstd's multithreaded mode costs a sixth to a quarter more CPU a byte (BENCHMARKS.md), so a capture
         compresses several parts side by side instead (`stages/hidden/shard.PartWriter`)."""
         data = safetensors_bytes(tensors, metadata=metadata)
         if not self.compressed:
