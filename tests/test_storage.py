@@ -8,18 +8,20 @@ import threading
 from pathlib import Path
 
 import pytest
+import yaml
 
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats import storage
 from eagle3_datagen.formats.hidden_shard import HiddenShard, ShardReleased, release_parts
+from eagle3_datagen.reporting.plan import capture_rates
 from eagle3_datagen.stages.export import export
 from eagle3_datagen.stages.hidden import shard as shard_module
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.workflow import job_resources
 
 from .conftest import HIDDEN_SETTINGS as SETTINGS
-from .conftest import make_samples
+from .conftest import REPO, make_samples
 
 GZIP = fill_defaults({"specforge": {"compress": "gzip", "compress_level": 1}}, "export")
 STORED = {
@@ -194,6 +196,19 @@ def test_writer_threads_auto_leaves_a_core_to_each_capture_process():
     assert shard_module.writer_threads("auto", processes=1) == max(1, cores - 1)
     assert shard_module.writer_threads("auto", processes=10**3) == 1
     assert shard_module.writer_threads(5, processes=8) == 5
+
+
+def test_the_plan_captures_at_the_slower_of_the_forward_passes_and_the_cpu_side():
+    """The Kimi config's capture: 32 CPUs less 8 GPU ranks at zstd_planes level 1's measured rate a core keep
+    up with the 40k tokens/s of the forward passes; on 16 CPUs the CPU side bounds the stage."""
+    config = fill_defaults(yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text()))
+    per_token, per_core = 57_349, storage.CAPTURE_BYTES_PER_CORE_S[("plain", "zstd_planes", 1)]
+    rates = capture_rates(config, per_token)
+    assert rates["cpu_cores"] == 24 and rates["cpu_tokens_per_s"] == pytest.approx(24 * per_core / per_token)
+    assert rates["bound_by"] == "gpu" and rates["tokens_per_s"] == rates["gpu_tokens_per_s"] == 40_000
+    config["resources"]["jobs"]["hidden_states"]["cpus_per_task"] = 16
+    slower = capture_rates(config, per_token)
+    assert slower["bound_by"] == "cpu" and slower["tokens_per_s"] == pytest.approx(8 * per_core / per_token)
 
 
 def test_the_jobs_ask_for_what_their_bytes_need(tmp_path):
