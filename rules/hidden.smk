@@ -36,6 +36,8 @@ rule release_hidden:
         "results/{partition}/hidden/released.json",
     log:
         "logs/{partition}/hidden/released.log",
+    benchmark:
+        "benchmarks/{partition}/hidden/released.tsv"
     conda:
         "../envs/cpu.yaml"
     shell:

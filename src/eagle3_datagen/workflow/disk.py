@@ -37,27 +37,26 @@ TEMPLATE_TOKENS_PER_MESSAGE = 32
 TEMPLATE_TOKENS_PER_PROMPT = 64
 
 
-def model_shape(config: dict) -> tuple[int, int]:
-    """(layers, hidden size) from the model directory's config.json, else from `plan.model` (or the
-    settings of a demo's model that is not built yet)."""
+def hidden_size(config: dict) -> int:
+    """The model's hidden size: its directory's config.json's, else `plan.model.hidden_size` (or the settings
+    of a demo's model that is not built yet)."""
     path = Path(config["model"]["path"]) / "config.json"
     model = text_config(config["model"]["path"]) if path.exists() else {}
-    if "num_hidden_layers" in model and "hidden_size" in model:
-        return model["num_hidden_layers"], model["hidden_size"]
+    if "hidden_size" in model:
+        return model["hidden_size"]
     # no default: the model directory's config.json says it, or the demo's own settings
-    shape = config["plan"].get("model") or config.get("demo")
-    if not shape:
-        raise FileNotFoundError(
-            f"{path} does not give the model's shape: give plan.model.num_layers and plan.model.hidden_size instead"
-        )
-    return shape["num_layers"], shape["hidden_size"]
+    shape = config["plan"].get("model") or config.get("demo") or {}
+    if "hidden_size" not in shape:
+        raise FileNotFoundError(f"{path} does not give the model's hidden size: give plan.model.hidden_size instead")
+    return shape["hidden_size"]
 
 
 def stored_states(config: dict) -> storage.States:
-    """What the config's shards store, sized from the model's shape (`auto`: EAGLE-3's three auxiliary layers)."""
-    _, hidden = model_shape(config)
+    """What the config's shards store, sized from the model's hidden size (`auto`: EAGLE-3's three auxiliary
+    layers)."""
     spec = config["hidden_states"]["aux_layers"]
-    return storage.States.from_settings(config["hidden_states"], 3 if spec == "auto" else len(spec), hidden)
+    aux_layers = 3 if spec == "auto" else len(spec)
+    return storage.States.from_settings(config["hidden_states"], aux_layers, hidden_size(config))
 
 
 def exported_formats(config: dict, partition: str) -> list[str]:

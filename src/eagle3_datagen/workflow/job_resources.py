@@ -91,10 +91,11 @@ def export_job(config: dict, shard_dirs: list[str], fmt: str, threads: int | Non
 
 
 def _vocabulary(config: dict) -> int:
+    """The model's vocabulary, else a large target's (Kimi-K2.5: 163,840) until its config.json says it (the
+    preflight names a model directory that lacks what the jobs need)."""
     path = Path(config["model"]["path"]) / "config.json"
-    if path.exists():
-        return int(text_config(config["model"]["path"])["vocab_size"])
-    return 200_000  # a large target's (Kimi-K2.5: 163,840) until the model directory is there
+    model = text_config(config["model"]["path"]) if path.exists() else {}
+    return int(model.get("vocab_size") or 200_000)
 
 
 def probe_job(config: dict, shard_dir: str, threads: int | None = None) -> JobSize:
