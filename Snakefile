@@ -55,7 +55,11 @@ SGLANG_DEPLOYED = (
 if workflow.output_settings.dryrun:
     preflight.raise_or_warn(
         preflight.problems(
-            config, preflight.config_jobs(config), os.environ, SGLANG_DEPLOYED
+            config,
+            preflight.config_jobs(config),
+            os.environ,
+            SGLANG_DEPLOYED,
+            scheduled=False,
         ),
         dry_run=True,
         warn=logger.warning,

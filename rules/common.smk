@@ -3,6 +3,8 @@
 import os
 import re
 
+from eagle3_datagen.workflow import disk
+from eagle3_datagen.workflow import job_resources as jr
 from eagle3_datagen.workflow import settings as wf
 
 PARTITIONS = sorted(config["partitions"])
@@ -44,7 +46,7 @@ def get_final_output():
         p=PARTITIONS,
         f=config["export"]["formats"],
     )
-    return outputs + EVALUATE_OUTPUTS
+    return outputs + EVALUATE_OUTPUTS + RELEASED
 
 
 def get_model_path(wildcards, input):
@@ -78,6 +80,49 @@ def get_baseline_exports(wildcards):
         return []
     partitions = PARTITIONS if wildcards is None else [wildcards.partition]
     return [f"results/{wf.baseline_partition(p)}/export/specforge" for p in partitions]
+
+
+def get_hidden_readers(wildcards):
+    """What is made of a partition's shard parts (its probes and exports): the shards are released after."""
+    return disk.hidden_readers(config, wildcards.partition)
+
+
+# The export, probe and vocab jobs' resources, from the bytes they read (workflow/job_resources.py): Snakemake
+# evaluates them again once the job's inputs exist.
+def get_export_threads(wildcards, input):
+    return jr.export_job(config, input.hidden, wildcards.format).threads
+
+
+def get_export_mem_mb(wildcards, input, threads):
+    return jr.export_job(config, input.hidden, wildcards.format, threads).mem_mb
+
+
+def get_export_runtime(wildcards, input, threads):
+    return jr.export_job(config, input.hidden, wildcards.format, threads).runtime
+
+
+def get_probe_threads(wildcards, input):
+    return jr.probe_job(config, input.hidden).threads
+
+
+def get_probe_mem_mb(wildcards, input, threads):
+    return jr.probe_job(config, input.hidden, threads).mem_mb
+
+
+def get_probe_runtime(wildcards, input, threads):
+    return jr.probe_job(config, input.hidden, threads).runtime
+
+
+def get_vocab_mem_mb(wildcards, input):
+    return jr.vocab_job(config, input.tokens).mem_mb
+
+
+def get_vocab_runtime(wildcards, input):
+    return jr.vocab_job(config, input.tokens).runtime
+
+
+def get_export_settings(wildcards):
+    return EXPORT_SETTINGS[wildcards.format]
 
 
 def get_export_holdout(wildcards):
@@ -171,6 +216,17 @@ VOCAB_OPTIONS = (
     else ""
 )
 PROBE_SETTINGS = {p: wf.as_json(wf.probe_settings(config, p)) for p in PARTITIONS}
+# Per format, the export settings that shape it (a change to SpecForge's compression reruns only its exports).
+EXPORT_SETTINGS = {
+    fmt: wf.as_json(wf.export_settings(config, fmt))
+    for fmt in ("specforge", "speculators")
+}
+# With hidden_states.keep_shards: false (the default), a partition with an export keeps only its shards'
+# index.json once its exports and probes are done (`release_hidden` in rules/hidden.smk), so that the exports
+# are the run's one copy of the states.
+RELEASED = [
+    f"results/{p}/hidden/released.json" for p in disk.released_partitions(config)
+]
 EVALUATE_SETTINGS = wf.evaluate_settings(config)
 # evaluate.device: cuda trains each draft on one GPU of the node (run-only: a resource, not a param)
 EVALUATE_GPUS = int("evaluate" in config and config["evaluate"]["device"] == "cuda")

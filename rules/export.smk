@@ -18,14 +18,19 @@ rule export:
         format="specforge|speculators",
     conda:
         "../envs/cpu.yaml"
+    threads: get_export_threads
     resources:
         **CPU_JOB,
+        mem_mb=get_export_mem_mb,
+        runtime=get_export_runtime,
     params:
         model=get_model_path,
         vocab=VOCAB_OPTIONS,
         holdout=holdout_option,
+        settings=get_export_settings,
     shell:
         logged(
             "python scripts/export.py --format {wildcards.format} --hidden {input.hidden} "
-            "--model {params.model:q} {params.vocab} {params.holdout} --out {output}"
+            "--model {params.model:q} {params.vocab} {params.holdout} --settings {params.settings:q} "
+            "--threads {threads} --out {output}"
         )

@@ -23,3 +23,27 @@ rule hidden_states:
             "python scripts/hidden_states.py --tokens {input.tokens} --out {output} "
             "--settings {params.settings:q} --threads {threads}"
         )
+
+
+# With hidden_states.keep_shards: false (the default) and an export of the partition: once its exports and
+# probes are done, its shards keep index.json (and released.json) and lose their parts, so that the exports
+# are the run's one copy of the states. Snakemake dates the shards by their .snakemake_timestamp, which stays:
+# what was made of them stays up to date; a later job that must read them again is stopped by the preflight.
+rule release_hidden:
+    input:
+        hidden=get_partition_hidden_shards,
+        readers=get_hidden_readers,
+    output:
+        "results/{partition}/hidden/released.json",
+    log:
+        "logs/{partition}/hidden/released.log",
+    benchmark:
+        "benchmarks/{partition}/hidden/released.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    resources:
+        **CPU_JOB,
+    shell:
+        logged(
+            "python scripts/release_hidden.py --hidden {input.hidden} --after {input.readers} --out {output}"
+        )

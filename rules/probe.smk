@@ -12,9 +12,11 @@ rule probe:
         "benchmarks/{partition}/probe/{shard}.tsv"
     conda:
         "../envs/cpu.yaml"
-    threads: 2
+    threads: get_probe_threads
     resources:
         **CPU_JOB,
+        mem_mb=get_probe_mem_mb,
+        runtime=get_probe_runtime,
     params:
         settings=get_probe_settings,
     shell:

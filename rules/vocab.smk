@@ -14,6 +14,8 @@ rule vocab_mapping:
         "../envs/cpu.yaml"
     resources:
         **CPU_JOB,
+        mem_mb=get_vocab_mem_mb,
+        runtime=get_vocab_runtime,
     params:
         partitions=PARTITION_SET,
         # without vocab_mapping the rule is no target, and its params are never read

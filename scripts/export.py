@@ -1,9 +1,11 @@
 #!/usr/bin/env python
-"""Export hidden-state shards to SpecForge's or vLLM speculators' training layout."""
+"""Export hidden-state shards to SpecForge's or vLLM speculators' training layout, on --threads threads."""
 
+import json
 import logging
 
 from eagle3_datagen import cli
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import reporting_full_disk
 from eagle3_datagen.formats.holdout import read_holdout
 from eagle3_datagen.stages.export import FORMATS, export
@@ -18,8 +20,18 @@ def main() -> None:
     p.add_argument("--vocab", help="the vocabulary stage's directory (d2t.npy, t2d.npy, vocab_mapping.pt), named")
     p.add_argument("--draft-vocab-size", type=int, help="the draft vocabulary's size (entries of that d2t.npy)")
     p.add_argument("--holdout", help="the evaluation's holdout file: its prompt ids are left out of the export")
+    p.add_argument(
+        "--settings",
+        type=json.loads,
+        default={},
+        help="the config's `export` section as JSON (the rule passes it; default: the schema's defaults)",
+    )
+    p.add_argument("--threads", type=int, default=1, help="threads that read parts and write samples")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO)
+    import torch
+
+    torch.set_num_threads(1)  # one sample per thread: the job's threads are the export's, not torch's
     with reporting_full_disk(args.out):
         summary = export(
             args.hidden,
@@ -29,6 +41,8 @@ def main() -> None:
             vocab_dir=args.vocab,
             draft_vocab_size=args.draft_vocab_size,
             held_out=read_holdout(args.holdout) if args.holdout else (),
+            settings=fill_defaults(args.settings, "export"),
+            threads=args.threads,
         )
     logging.getLogger("export").info("%s", summary)
 

@@ -8,7 +8,9 @@ needs SGLang: its smoke run is in tests/real_sglang/test_bench.py. `bench/kimi_p
 own, tests/test_bench_kimi_plan.py.
 """
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +113,19 @@ def test_hidden_storage(qwen_model_dir, kimi_model_dir):
         "--samples", "2", "--new-tokens", "4",
     )  # fmt: skip
     assert out.count("\n### ") == 4 and "| bf16 aux states, zstd level 3 |" in out
+
+
+def test_states_cpu(tmp_path):
+    out = bench(
+        "states_cpu.py", "--tokens", "256", "--sample-tokens", "64", "--part-mb", "1", "--hidden", "128",
+        "--zstd-mb", "1", "--work", str(tmp_path),
+    )  # fmt: skip
+    sections = [json.loads(chunk) for chunk in re.split(r"\n(?=\{)", out.strip())]
+    assert [next(iter(s)) for s in sections] == ["tokens", "capture", "overlap", "export", "read", "zstd"]
+    assert sections[1]["capture"]["zstd_planes"]["cores_at_target"] > 0
+    assert sections[2]["overlap"]["stage_over_forward"] >= 1.0
+    # the codec's frame is zstd's single-threaded one
+    assert sections[5]["zstd"]["bf16 states"]["single-threaded"]["same_bytes_as_single"] is True
 
 
 def test_fresh_clone_demo_script_parses():

@@ -16,7 +16,12 @@ def test_kimi_plan_runs_on_the_real_records_of_each_partition_and_loads_each_mod
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
-    plan = json.loads(proc.stdout)["kimi-k2.5-sglang"]
+    out = json.loads(proc.stdout)
+    plan = out["kimi-k2.5-sglang"]
+    # 300M tokens: one copy of the states stays, gzipped SpecForge rows (docs/plan.md's table)
+    scaled = out["at_scale"]["kimi-k2.5-sglang"]
+    assert scaled["bf16_bytes"] == 300_000_000 * 57_344 and scaled["end_over_bf16"] <= 1.0
+    assert scaled["capture"]["bound_by"] == "gpu" and scaled["capture_node_hours"] > 2
     rows = {row["partition"]: row for row in plan["partitions"]}
     # tests/fixtures/realdata: 3 glaive rows, one Magicoder record of each half
     assert {name: row["prompts"] for name, row in rows.items()} == {

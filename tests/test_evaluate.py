@@ -90,7 +90,14 @@ def test_the_plan_counts_the_evaluations_training_steps_decoded_tokens_and_gpu_h
     assert plan_evaluation(config, rows)["drafts"] == 6
     nothing = dict.fromkeys(("prompts", "prompt_tokens", "completion_tokens", "cost_usd", "hidden_bytes"))
     nothing.update(generation_gpu_hours=None, hidden_gpu_hours=None)
-    plan = {"partitions": [], "total": nothing, "loads": {}, "evaluation": evaluation, "exceeds_free_disk": False}
+    plan = {
+        "partitions": [],
+        "total": nothing,
+        "loads": {},
+        "evaluation": evaluation,
+        "filesystems": [],
+        "recapture": [],
+    }
     assert "| evaluate | 3 | 6,000 |" in format_plan(plan)
 
 

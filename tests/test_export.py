@@ -52,6 +52,14 @@ def stored(shards):
     return [s for d in shards for s in HiddenShard(d)]
 
 
+def speculators_states(data: dict) -> torch.Tensor:
+    """An exported sample's states as speculators 0.9.0 reads them: fp8 dequantized as hs_connectors 0.9.0's
+    FP8Transfer does (tests/trainers/test_speculators.py runs the real one)."""
+    if "hidden_states_scales" not in data:
+        return data["hidden_states"]
+    return data["hidden_states"].to(torch.bfloat16) * data["hidden_states_scales"].to(torch.bfloat16)
+
+
 def test_specforge_layout_round_trips(tmp_path, shards, tiny_model_dir):
     summary = export(shards, tmp_path / "sf", "specforge", model_path=tiny_model_dir)
     assert summary["samples"] == 12 and summary["final_norm_applied"] is True  # raw shards: normed on export
@@ -161,14 +169,22 @@ def test_speculators_layout_round_trips(tmp_path, shards, tiny_model_dir):
     assert summary["final"] == "raw" and summary["final_norm_applied"] is False
     rows = datasets.load_from_disk(str(tmp_path / "sp"))  # speculators' ArrowDataset: the same call
     assert rows.format["type"] == "torch" and len(rows) == 12
+    codec = HiddenShard(shards[0]).codec
+    kept_fp8 = codec.fp8 and codec.scales in ("token", "channel")  # speculators' fp8 backend reads these
+    assert summary["dtype"] == (codec.dtype if kept_fp8 or not codec.fp8 else "bfloat16")
+    assert ("--hidden-states-backend fp8" in summary["command"]) == kept_fp8
     for index, sample in enumerate(stored(shards)):
         data = load_file(tmp_path / "sp" / "hidden_states" / f"hs_{index}.safetensors")
         length = len(sample["input_ids"])
         assert data["hidden_states"].shape == (length, 4, 32)  # 3 auxiliary layers, then the final one
         assert torch.equal(data["token_ids"], sample["input_ids"].long())
-        assert torch.equal(data["hidden_states"][:, -1], sample["hidden_states"])
+        if kept_fp8:
+            assert data["hidden_states"].dtype == FP8_DTYPES[codec.dtype]
+            assert data["hidden_states_scales"].dtype == torch.float32
+        states = speculators_states(data)
+        assert torch.equal(states[:, -1], sample["hidden_states"])
         # speculators' auxiliary input: every layer but the last, flattened
-        assert torch.equal(data["hidden_states"][:, :-1].flatten(1), sample["aux_hidden_states"])
+        assert torch.equal(states[:, :-1].flatten(1), sample["aux_hidden_states"])
         assert torch.equal(rows[index]["input_ids"], sample["input_ids"].long())
         assert torch.equal(rows[index]["loss_mask"], sample["loss_mask"].long())
         assert int(rows[index]["seq_len"]) == length
@@ -302,13 +318,13 @@ def test_every_storage_setting_reads_back_through_every_reader(tmp_path, head, r
     read = list(HiddenShard(shard_dir))
     assert [s["input_ids"].tolist() for s in read] == [s["input_ids"] for s in samples]
     export([shard_dir], tmp_path / "sf", "specforge", model_path=tiny_model_dir)
-    export([shard_dir], tmp_path / "sp", "speculators")
+    export([shard_dir], tmp_path / "sp", "speculators", threads=2)
     for number, sample in enumerate(read):
         sf = torch.load(tmp_path / "sf" / specforge_sample_path(number), weights_only=True)
-        sp = load_file(tmp_path / "sp" / "hidden_states" / f"hs_{number}.safetensors")
+        sp = speculators_states(load_file(tmp_path / "sp" / "hidden_states" / f"hs_{number}.safetensors"))
         assert torch.equal(sf["aux_hidden_state"][0], sample["aux_hidden_states"])
-        assert torch.equal(sp["hidden_states"][:, :-1].flatten(1), sample["aux_hidden_states"])
-        assert torch.equal(sp["hidden_states"][:, -1], sample["hidden_states"])
+        assert torch.equal(sp[:, :-1].flatten(1), sample["aux_hidden_states"])
+        assert torch.equal(sp[:, -1], sample["hidden_states"])
 
 
 def _flip_bytes(part: Path, count: int = 64) -> None:

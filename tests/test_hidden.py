@@ -325,24 +325,26 @@ def test_codec_rejects_unknown_settings():
 
 
 def test_plan_and_report_count_bytes_with_the_stored_dtype_and_ratio(tmp_path):
-    from eagle3_datagen.reporting.plan import DEFAULT_RATIOS, compression_ratio
+    from eagle3_datagen.formats.storage import SHARD_RATIOS
     from eagle3_datagen.reporting.report import storage_summary
+    from eagle3_datagen.workflow.disk import observed_shard_ratio
 
     codec = Codec.from_settings({**SETTINGS, "dtype": "float8_e4m3", "scales": "token", "compress": "zstd"})
     assert codec.bytes_per_token(3, 7168) == 4 * 7168 + 4 * 2 + 5  # Kimi-K2.5: half of bf16's 57,349
     bf16 = {**SETTINGS, "dtype": "bfloat16"}
     assert Codec.from_settings(bf16).bytes_per_token(3, 7168) == 57_349
-    planes = Codec.from_settings({**bf16, "compress": "zstd_planes"})
-    assert compression_ratio(planes, tmp_path) == (DEFAULT_RATIOS["zstd_planes"], "default")
+    assert observed_shard_ratio(tmp_path, "bfloat16", "zstd_planes", 3) == (SHARD_RATIOS[("zstd_planes", 3)], "assumed")
+    assert observed_shard_ratio(tmp_path, "bfloat16", "zstd_planes", 1) == (SHARD_RATIOS[("zstd_planes", 1)], "assumed")
     indexes = [
         {"dtype": "float8_e4m3", "compress": {"codec": "zstd", "level": 3}, "bytes": 300, "raw_bytes": 400},
         {"dtype": "float8_e4m3", "compress": {"codec": "zstd", "level": 3}, "bytes": 500, "raw_bytes": 600},
         {"dtype": "bfloat16", "compress": {"codec": "zstd", "level": 3}, "bytes": 10, "raw_bytes": 1000},
+        {"dtype": "float8_e4m3", "compress": {"codec": "zstd", "level": 9}, "bytes": 1, "raw_bytes": 1000},
     ]
     for n, index in enumerate(indexes):
         (tmp_path / f"P{n}" / "hidden" / "00000").mkdir(parents=True)
         (tmp_path / f"P{n}" / "hidden" / "00000" / "index.json").write_text(json.dumps(index))
-    assert compression_ratio(codec, tmp_path) == (0.8, "observed on finished shards")
+    assert observed_shard_ratio(tmp_path, "float8_e4m3", "zstd", 3) == (0.8, "observed on finished shards")
     shards = [{**indexes[0], "tokens": 10, "aux_layers": [2, 4, 5], "hidden_size": 8, "scales": None}]
     summary = storage_summary(shards)
     assert summary["bytes_per_token"] == 30.0 and summary["ratio_to_bf16"] == 300 / (10 * (4 * 8 * 2 + 5))

@@ -28,8 +28,10 @@ def test_the_plan_on_a_fresh_demo_needs_no_built_model(tmp_path):
         **{f"{p}+original": n for p, n in prompts.items()},
     }
     assert {row["partition"]: row["backend"] for row in out["partitions"]}["demo_alpaca+original"] == "dataset"
-    # the demo's shape (8 layers: aux 2, 4, 5 and the final, hidden 64, bf16) and Qwen3's tokens
-    assert {row["hidden_basis"].split(" x ")[0] for row in out["partitions"]} == {"bfloat16, 517 B/token"}
+    # the demo's shape (8 layers: aux 2, 4, 5 and the final, hidden 64, bf16, uncompressed) and Qwen3's tokens
+    assert {row["hidden_basis"] for row in out["partitions"]} == {
+        "bfloat16, 517 B/token; shards: bfloat16 none x 1.000 (uncompressed)"
+    }
     assert out["total"]["prompt_tokens"] == 2 * 2259
     assert json.loads((work / "results/plan.json").read_text()) == out
 
@@ -46,7 +48,10 @@ def test_the_plan_on_a_kimi_config_without_the_model_counts_kimis_tokens(tmp_pat
         "B3_magicoder_evol": 159,
         "B3_magicoder_oss": 251,
     }
-    assert {row["hidden_basis"].split(" x ")[0] for row in rows.values()} == {"bfloat16, 57349 B/token"}
+    # the config's storage before any shard: byte planes at zstd level 1, gzipped SpecForge rows, ratios assumed
+    assert {row["hidden_basis"] for row in rows.values()} == {
+        "bfloat16, 57349 B/token; shards: bfloat16 zstd_planes x 0.690 (assumed); specforge: gzip x 0.810 (assumed)"
+    }
 
 
 def test_a_prompts_job_that_fails_inside_the_plan_says_why(tmp_path):

@@ -4,13 +4,16 @@ dry-run (eagle3_datagen.workflow.preflight, called by the Snakefile)."""
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
 from eagle3_datagen.config_schema import fill_defaults
+from eagle3_datagen.workflow import disk, preflight
 from eagle3_datagen.workflow.preflight import Job, config_jobs, problems
 
 from .conftest import REPO, copy_workflow, run
@@ -131,20 +134,97 @@ def test_the_evaluate_jobs_need_specforges_interpreter_and_a_chain_of_proposals(
     assert evaluate_problems(config) == []
 
 
-def test_hidden_states_larger_than_the_free_disk_stop_the_run(tmp_path):
-    config = kimi("sglang")
+def write_audits(results: Path, partition: str, shards: int, tokens: int, samples: int) -> None:
+    """The tokens stage's audits of a partition (their counts are what the disk check reads)."""
+    for shard in range(shards):
+        path = results / partition / "tokens" / f"{shard:05d}.audit.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"counts": {"tokens": tokens // shards, "samples_out": samples // shards}}))
+
+
+def test_the_states_and_exports_a_run_writes_are_checked_against_the_free_disk_without_a_plan(tmp_path):
+    """Measured tokens (the audits) once they exist, an upper bound from the prompts before: each output on
+    the filesystem it goes to, what an output being replaced holds counted as freed."""
+    from eagle3_datagen.formats.files import write_jsonl_zst
+
+    config = fill_defaults(kimi("sglang"))
     config["model"]["path"] = str(model_dir(tmp_path / "model"))
     config["hidden_states"]["backend"] = "hf"
-    plan = tmp_path / "results" / "plan.json"
-    plan.parent.mkdir()
-    rows = [{"partition": "B1_glaive", "hidden_bytes": 2**70}, {"partition": "B3_magicoder_oss", "hidden_bytes": 1}]
-    plan.write_text(json.dumps({"partitions": rows}))
+    results = tmp_path / "results"
     env = {"PATH": VENV_BIN}
-    args = {"results": tmp_path / "results", "plan_file": plan}
-    [found] = problems(config, [Job("hidden_states", "B1_glaive")], env, False, **args)
-    assert re.match(r"the hidden states of B1_glaive need 1,099,511,627,776.0 GiB \(.*plan.json", found)
-    assert "GiB are free under" in found
-    assert problems(config, [Job("hidden_states", "B3_magicoder_oss")], env, False, **args) == []
+    jobs = [Job("hidden_states", "B1_glaive"), Job("export", "B1_glaive", format="specforge")]
+    assert problems(config, jobs, env, False, results) == []  # no prompts yet: nothing to count
+    prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": "hi " * 50}]} for i in range(3)]
+    for shard in range(16):
+        write_jsonl_zst(results / "B1_glaive/prompts" / f"{shard:05d}.jsonl.zst", prompts if shard == 0 else [])
+    config["inference"]["sampling"]["max_new_tokens"] = config["tokens"]["max_length"] = 10**9
+    [bound] = problems(config, jobs, env, False, results)
+    assert bound.startswith("the hidden-state shards and exports of B1_glaive need up to ")
+    assert "(upper bound (prompts, max tokens per turn))" in bound and "--until tokens" in bound
+    # 3 samples of up to 1e9 tokens (the prompts' 250 bytes and 8192-token tiers are less than the cap)
+    assert re.search(r"need up to [\d,.]+ GiB", bound)
+    config["inference"]["sampling"]["max_new_tokens"] = 8192
+    config["tokens"]["max_length"] = 32768
+    assert problems(config, jobs, env, False, results) == []  # 3 samples of at most 16,662 tokens: MiBs
+    write_audits(results, "B1_glaive", 16, tokens=10**12, samples=10**6)  # the tokens stage measured them
+    [measured] = problems(config, jobs, env, False, results)
+    free = shutil.disk_usage(tmp_path).free / 2**30
+    mount = disk.filesystem(results)[1]
+    assert f"(measured (token shards)), but {free:,.1f} GiB are free on the filesystem at {mount}" in measured
+    assert "--until tokens" not in measured
+    # a rerun of the tokens: their measured counts are not the run's, the prompts bound it again (MiBs)
+    assert problems(config, [Job("tokens", "B1_glaive"), *jobs], env, False, results) == []
+    write_audits(results, "B1_glaive", 16, tokens=10**5, samples=10**2)  # 10 GiB: fits
+    assert problems(config, jobs, env, False, results) == []
+
+
+def test_the_disk_check_counts_each_output_on_its_own_filesystem(tmp_path):
+    """An export directory on another filesystem (here /dev/shm, a tmpfs) is counted against that one's space."""
+    config = fill_defaults(kimi("sglang"))
+    config["model"]["path"] = str(model_dir(tmp_path / "model"))
+    results = tmp_path / "results"
+    write_audits(results, "B1_glaive", 16, tokens=10**5, samples=10**2)
+    elsewhere = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        (results / "B1_glaive").mkdir(exist_ok=True)
+        (results / "B1_glaive/export").symlink_to(elsewhere)
+        jobs = [Job("hidden_states", "B1_glaive"), Job("export", "B1_glaive", format="specforge")]
+        writes, bases = preflight._disk_writes(config, jobs, results)
+        needs = {str(n.where): n.needed for n in disk.needs_by_filesystem(writes)}
+        counted = disk.partition_bytes(config, "B1_glaive", disk.measured_tokens(config, "B1_glaive", results), results)
+        assert needs == {
+            str(disk.filesystem(results)[1]): counted.shards // 16 * 16,
+            str(disk.filesystem(elsewhere)[1]): counted.exports["specforge"],
+        }
+        assert bases == {"measured (token shards)"}
+        # a shard being captured again frees what the old one holds first
+        old = results / "B1_glaive/hidden/00003"
+        old.mkdir(parents=True)
+        (old / "part-00000.safetensors").write_bytes(b"\0" * 1000)
+        writes, _ = preflight._disk_writes(config, [Job("hidden_states", "B1_glaive", shard="00003")], results)
+        assert writes == [("B1_glaive", old, counted.shards // 16 - 1000)]
+    finally:
+        shutil.rmtree(elsewhere)
+
+
+def test_a_probe_or_export_of_released_shards_stops_the_run_unless_they_are_captured_again(tmp_path):
+    config = fill_defaults(kimi("sglang"))
+    config["model"]["path"] = str(model_dir(tmp_path / "model"))
+    config["hidden_states"]["backend"] = "hf"
+    results = tmp_path / "results"
+    for shard in ("00000", "00001"):
+        (results / "B3_magicoder_oss/hidden" / shard).mkdir(parents=True)
+    (results / "B3_magicoder_oss/hidden/00001/released.json").write_text("{}")
+    env = {"PATH": VENV_BIN}
+    export = Job("export", "B3_magicoder_oss", format="specforge")
+    [found] = problems(config, [export], env, False, results)
+    assert found.startswith("the export specforge job of B3_magicoder_oss would read the hidden-state shards 00001 of")
+    assert "keep_shards: false" in found and f"delete {results / 'B3_magicoder_oss/hidden'}" in found
+    assert problems(config, [Job("probe", "B3_magicoder_oss", shard="00000")], env, False, results) == []
+    assert len(problems(config, [Job("probe", "B3_magicoder_oss", shard="00001")], env, False, results)) == 1
+    recapture = [Job("hidden_states", "B3_magicoder_oss", shard="00001"), export]
+    assert problems(config, recapture, env, False, results) == []
+    assert problems(config, [export], env, False, results, scheduled=False) == []  # a dry-run lists every job
 
 
 @pytest.fixture(scope="module")
@@ -180,15 +260,17 @@ def test_a_run_without_the_key_or_the_model_stops_before_any_job(kimi_workflow):
 
 
 @pytest.mark.parametrize("name", ["openrouter", "sglang"])
-def test_a_dry_run_warns_and_lists_both_trainers_exports(kimi_workflow, name):
-    """The preview works on a laptop without the key or the model; the Kimi configs export for both trainers."""
+def test_a_dry_run_warns_and_lists_the_export_that_stays(kimi_workflow, name):
+    """The preview works on a laptop without the key or the model; the Kimi configs keep one copy of the
+    states, SpecForge's export, once each partition's shards are released."""
     proc = without_key(["-n", "--profile", "local", "--configfile", f"config/kimi-k2.5-{name}.yaml"], kimi_workflow)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     warnings = [line for line in out.splitlines() if line.startswith("preflight: ")]
     assert "preflight: model.path /models/Kimi-K2.5 does not exist" in "\n".join(warnings)
     assert any("OPENROUTER_API_KEY" in line for line in warnings) == (name == "openrouter")
-    assert re.search(r"^export\s+6$", proc.stdout, re.M)  # 3 partitions x (specforge, speculators)
+    assert re.search(r"^export\s+3$", proc.stdout, re.M)  # 3 partitions x specforge
+    assert re.search(r"^release_hidden\s+3$", proc.stdout, re.M)
     assert re.search(r"^vocab_mapping\s+1$", proc.stdout, re.M)
 
 

@@ -520,9 +520,13 @@ def test_plan_counts_only_what_a_dry_run_would_regenerate(demo_dir, tmp_path):
     expected_cost = alpaca["prompt_tokens"] / 1e6 * 0.6 + alpaca["completion_tokens"] / 1e6 * 3.0
     assert alpaca["cost_usd"] == pytest.approx(expected_cost)
     tokens = alpaca["prompt_tokens"] + alpaca["completion_tokens"]
-    assert alpaca["hidden_bytes"] == tokens * ((3 + 1) * 64 * 2 + 5)  # 3 aux layers + final, hidden 64, bf16
-    assert alpaca["hidden_gpu_hours"] == pytest.approx(tokens / 1000 / 3600)
-    assert plan["exceeds_free_disk"] is False
+    # 3 aux layers + final, hidden 64, bf16, uncompressed; index.json's ids and parts beside them
+    assert alpaca["hidden_bytes"] == pytest.approx(tokens * ((3 + 1) * 64 * 2 + 5), rel=0.01)
+    assert alpaca["disk"]["tokens_basis"].startswith("estimate") and alpaca["disk"]["shards_released"] is False
+    assert set(alpaca["disk"]["export_bytes"]) == {"specforge", "speculators"}
+    assert alpaca["disk"]["end_bytes"] == alpaca["disk"]["peak_bytes"]  # the demo keeps its shards
+    assert alpaca["hidden_gpu_hours"] == pytest.approx(tokens / 1000 / 3600)  # the forward passes: the slower side
+    assert alpaca["capture_rate"]["bound_by"] == "gpu" and plan["exceeds_free_disk"] is False
     # one hidden-state job, one capture load; no launched server in the demo
     assert plan["loads"]["capture_runner"]["loads"] == 1 and plan["loads"]["generation_server"]["loads"] == 0
 

@@ -6,10 +6,12 @@ tokenizer, or the tiny Kimi's DeepseekV3 with Kimi's real tokenizer, at the size
 build, randomly initialised and written by the targets' own writers), `DIR/tokens.jsonl.zst` (greedy
 continuations of random prompts, loss on the continuation), `DIR/vocab` (the vocabulary stage),
 `DIR/hidden/raw` and `DIR/hidden/normed` (the hidden stage's shards of the same samples, `final: raw`
-and `final: normed`), and the exports `DIR/export/{raw,normed}` (scripts/export.py, as the rule runs it).
+and `final: normed`), and the exports `DIR/export/{raw,normed}` (scripts/export.py, as the rule runs it), and
+`DIR/export/raw-gzip` (the raw shard's rows gzipped, `export.specforge.compress: gzip`, on two threads).
 """
 
 import argparse
+import json
 import random
 import subprocess
 import sys
@@ -105,6 +107,12 @@ def main() -> None:
             str(out / "export" / final),
         ]
         subprocess.run(command, check=True)
+    # The raw shard's rows gzipped, on two threads, as the rule runs it with export.specforge.compress: gzip.
+    gzipped = json.dumps({"formats": ["specforge"], "specforge": {"compress": "gzip", "compress_level": 1}})
+    command = [sys.executable, str(REPO / "scripts" / "export.py"), "--format", "specforge"]
+    command += ["--hidden", str(out / "hidden" / "raw"), "--model", str(out / "model"), "--vocab", str(out / "vocab")]
+    command += ["--draft-vocab-size", str(DRAFT_VOCAB), "--settings", gzipped, "--threads", "2"]
+    subprocess.run([*command, "--out", str(out / "export" / "raw-gzip")], check=True)
 
 
 if __name__ == "__main__":

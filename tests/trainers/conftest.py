@@ -98,7 +98,21 @@ def captured(tmp_path_factory, verifier_dir) -> dict:
     np.save(vocab / "t2d.npy", t2d)
     out = root / "export" / "speculators"
     summary = export(shards, out, "speculators", model_path=verifier_dir, vocab_dir=vocab, draft_vocab_size=DRAFT_VOCAB)
-    return {"shards": shards, "export": out, "summary": summary, "samples": samples, "vocab": vocab}
+    # The same samples stored fp8 (per-token scales), exported as fp8 for speculators' fp8 backend.
+    fp8_shard = root / "hidden-fp8" / "00000"
+    fp8 = {**settings, "dtype": "float8_e4m3", "scales": "token", "compress": "zstd", "shard_bytes": 16_000}
+    capture_shard(samples, fp8_shard, capture, fp8)
+    fp8_out = root / "export" / "speculators-fp8"
+    export([fp8_shard], fp8_out, "speculators", model_path=verifier_dir, vocab_dir=vocab, draft_vocab_size=DRAFT_VOCAB)
+    return {
+        "shards": shards,
+        "export": out,
+        "summary": summary,
+        "samples": samples,
+        "vocab": vocab,
+        "fp8_shard": fp8_shard,
+        "fp8_export": fp8_out,
+    }
 
 
 @pytest.fixture(scope="session")

@@ -117,6 +117,18 @@ def test_reader_reads_every_sample_as_stored_with_the_final_norm_applied(built):
         assert torch.allclose(exported, normed_sample["hidden_states"].float(), rtol=0.02, atol=0.02)
 
 
+def test_its_reader_reads_gzipped_rows_as_the_plain_ones(built):
+    """export.specforge.compress: gzip writes `.ckpt.gz` rows, which SpecForge's own reader lists and its
+    feature store decompresses (`load_feature_file`): the same tensors, in the same order, as the plain rows."""
+    gzipped, plain = specforge_rows(built / "export" / "raw-gzip"), specforge_rows(built / "export" / "raw")
+    assert len(gzipped) == len(plain) == 16
+    assert all(ref.feature_store_uri.endswith(".ckpt.gz") for ref, _ in gzipped)
+    for (ref, data), (plain_ref, plain_data) in zip(gzipped, plain, strict=True):
+        assert ref.metadata["file_index"] == plain_ref.metadata["file_index"]
+        assert data.keys() == plain_data.keys()
+        assert all(torch.equal(data[name], plain_data[name]) for name in data)
+
+
 def test_target_head_predicts_the_stored_tokens_where_our_probe_does(built):
     config = yaml.safe_load((built / "export" / "raw" / "specforge.yaml").read_text())
     head = TargetHead.from_pretrained(config["model"]["target_model_path"], lm_head_key=config["model"]["lm_head_key"])

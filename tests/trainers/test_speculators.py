@@ -43,6 +43,33 @@ def test_its_reader_loads_every_sample_bit_exact(captured):
         assert row["hidden_states"].dtype == torch.bfloat16
 
 
+def test_its_fp8_backend_reads_an_fp8_export_as_our_reader_dequantizes_it(captured):
+    """fp8 shards stay fp8 in the speculators export: the backend its command names (`--hidden-states-backend
+    fp8`, hs_connectors 0.9.0's FP8Transfer, built from the registry as `speculators train` builds it) gives
+    every sample's states equal to our reader's bf16 bit for bit, from files half the bytes of bf16."""
+    import argparse
+
+    from hs_connectors import HiddenStatesBackend
+    from speculators.train.data import ArrowDataset
+
+    export_dir = captured["fp8_export"]
+    summary = json.loads((export_dir / "export.json").read_text())
+    assert "--hidden-states-backend fp8" in summary["command"] and summary["dtype"] == "float8_e4m3"
+    transfer = HiddenStatesBackend.registry["fp8"].from_train_args(
+        argparse.Namespace(hidden_states_path=None), str(export_dir)
+    )
+    dataset = ArrowDataset(max_len=4096, datapath=export_dir, transfer=transfer, on_missing="raise")
+    ours = list(HiddenShard(captured["fp8_shard"]))
+    assert len(dataset) == len(ours) == 24
+    for index, sample in enumerate(ours):
+        row = dataset[index]
+        assert torch.equal(row["hidden_states"], sample["aux_hidden_states"])
+        assert torch.equal(row["verifier_last_hidden_states"], sample["hidden_states"])
+    states = sum(p.stat().st_size for p in (export_dir / "hidden_states").iterdir())
+    plain = sum(p.stat().st_size for p in (captured["export"] / "hidden_states").iterdir())
+    assert states < 0.6 * plain
+
+
 def dry_run_draft(export_dir: Path, verifier: Path, save: Path, vocab: Path):
     """An initialized EAGLE-3 draft saved by `speculators train --dry-run`, loaded back with the
     verifier's weights by speculators' own loader."""

@@ -108,6 +108,8 @@ def smoke_config(config: dict, partitions: list[str], prompts: int, root: Path) 
         part["max_prompts"] = min(prompts, part.get("max_prompts") or prompts)
         smoke["partitions"][name] = part
     smoke["inference"].setdefault("sampling", {})["temperature"] = 0.0
+    # the layer check reads the shards' parts after the exports, which would otherwise release them
+    smoke.setdefault("hidden_states", {})["keep_shards"] = True
     if "demo" not in smoke:  # a demo builds its model inside the smoke directory
         smoke["model"]["path"] = _absolute(smoke["model"]["path"], root)
     elif smoke["demo"].get("tokenizer"):

@@ -34,14 +34,13 @@ from safetensors.torch import save as safetensors_bytes
 
 from eagle3_datagen.formats.checksums import digest
 from eagle3_datagen.formats.files import atomic_path
+from eagle3_datagen.formats.storage import shard_bytes_per_token
 
 PLAIN_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 FP8_DTYPES = {"float8_e4m3": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
 STATE_COLUMNS = ("aux_hidden_states", "hidden_states")
 COMPRESS = ("none", "zstd", "zstd_planes")
 GRANULARITIES = ("token", "channel", "block")
-# Per token besides the hidden states: int32 input_ids + uint8 loss_mask.
-ID_AND_MASK_BYTES = 5
 SCALE_DTYPE = torch.bfloat16  # holds any power of two a float32 does, in 2 bytes
 REFERENCE_DTYPE = torch.bfloat16
 
@@ -105,14 +104,10 @@ class Codec:
         return block
 
     def bytes_per_token(self, aux_layers: int, hidden_size: int) -> int:
-        """Bytes one packed token takes before compression: states, their per-token scales, ID and mask.
-        (`channel` scales, one set per part, and the reference rows are left out: a few per mille.)"""
-        layers = aux_layers + 1
-        if not self.fp8:
-            element = torch.empty((), dtype=PLAIN_DTYPES[self.dtype]).element_size()
-            return layers * hidden_size * element + ID_AND_MASK_BYTES
-        scales = {"token": layers, "channel": 0, "block": layers * hidden_size // self.block(hidden_size)}
-        return layers * hidden_size + scales[self.scales] * SCALE_DTYPE.itemsize + ID_AND_MASK_BYTES
+        """Bytes one packed token takes before compression: states, their per-token scales, ID and mask."""
+        if self.fp8 and self.scales == "block":
+            self.block(hidden_size)  # refuses a block that does not divide the hidden size
+        return shard_bytes_per_token(self.dtype, self.scales, self.scale_block, aux_layers, hidden_size)
 
     def index_fields(self) -> dict:
         """What index.json records about the storage."""
@@ -141,7 +136,9 @@ class Codec:
         return {name: byte_planes(values) if self.compress == "zstd_planes" else values}
 
     def part_bytes(self, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[bytes, int]:
-        """The file's bytes and their size before compression."""
+        """The file's bytes and their size before compression. One zstd frame, compressed on one thread:
+        zstd's multithreaded mode costs a sixth to a quarter more CPU a byte (BENCHMARKS.md), so a capture
+        compresses several parts side by side instead (`stages/hidden/shard.PartWriter`)."""
         data = safetensors_bytes(tensors, metadata=metadata)
         if not self.compressed:
             return data, len(data)
@@ -244,6 +241,15 @@ class PartReader:
         return dequantize(
             values, self.tensor(scale) if self.codec.scales == "channel" else self._slice(scale, start, stop)
         )
+
+    def stored_rows(self, name: str, start: int, stop: int) -> dict[str, torch.Tensor]:
+        """`name`'s rows as stored: fp8 values with their scales under `{name}_scale` (the rows' own, or the
+        part's per channel), any other dtype as it is."""
+        stored = {name: self._slice(name, start, stop)}
+        if self.codec.fp8 and name in STATE_COLUMNS:
+            scale = f"{name}_scale"
+            stored[scale] = self.tensor(scale) if self.codec.scales == "channel" else self._slice(scale, start, stop)
+        return stored
 
     def rows_at(self, name: str, rows: torch.Tensor) -> torch.Tensor:
         """Scattered rows, reading only those."""

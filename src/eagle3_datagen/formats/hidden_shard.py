@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import torch
 import zstandard
 
 from eagle3_datagen.formats.checksums import ALGORITHM, check, digest, file_digest
-from eagle3_datagen.formats.files import atomic_path
+from eagle3_datagen.formats.files import atomic_path, read_json, write_json
 from eagle3_datagen.formats.hidden_codec import (
     REFERENCE_DTYPE,
     STATE_COLUMNS,
@@ -31,6 +32,8 @@ from eagle3_datagen.formats.hidden_codec import (
 )
 
 FORMAT = "eagle3-datagen/hidden-v1"
+# Beside index.json once the parts are removed (`release_parts`).
+RELEASED = "released.json"
 
 
 COLUMNS = ("input_ids", "loss_mask", "aux_hidden_states", "hidden_states")
@@ -124,6 +127,44 @@ def recapture_fix(shard_dir: Path) -> str:
     return f"recapture that shard: `snakemake --forcerun {shard_dir}` (or delete {shard_dir} and rerun snakemake)"
 
 
+class ShardReleased(FileNotFoundError):
+    """A shard whose parts were removed once every reader had read them; the message says what to do."""
+
+
+def released_message(shard_dir: Path, record: dict) -> str:
+    return (
+        f"{shard_dir}: its parts were removed at {record['released_at']} once {', '.join(record['after'])} had "
+        "read them (hidden_states.keep_shards: false: the exports are the run's one copy of the states). Reading "
+        f"it again means capturing it again on the GPU node ({record['tokens']:,} tokens; `python scripts/plan.py` "
+        f"counts the hours): delete {shard_dir} and rerun snakemake, which captures it and reruns what reads it. "
+        "Set hidden_states.keep_shards: true to keep the shards of later runs"
+    )
+
+
+def release_parts(shard_dir: str | Path, after: Sequence[str]) -> int:
+    """Remove a finished shard's parts once `after` (the outputs made from them) are done, keeping
+    index.json (counts, sizes, checksums: what the report and the plan read) and `released.json`, which
+    says when and after what. Returns the bytes freed. Snakemake dates a directory output by its
+    `.snakemake_timestamp`, which stays, so the shard and what was made from it remain up to date."""
+    shard_dir = Path(shard_dir)
+    index = read_json(shard_dir / "index.json")
+    if not (shard_dir / RELEASED).exists():
+        record = {
+            "released_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "after": list(after),
+            "tokens": index["tokens"],
+            "bytes": index["bytes"],
+        }
+        write_json(shard_dir / RELEASED, record)  # first: a reader never sees a shard with parts missing
+    freed = 0
+    for part in index["parts"]:
+        path = shard_dir / part["file"]
+        if path.exists():
+            freed += path.stat().st_size
+            path.unlink()
+    return freed
+
+
 def write_part(
     path: Path,
     samples: Sequence[dict],
@@ -167,10 +208,13 @@ class HiddenShard:
     """Read a hidden-state shard: iterate samples in order or fetch one by id.
 
     Each part's bytes are checked against the checksum in index.json the first time it is opened
-    (`formats.checksums.ChecksumError` on a mismatch, naming the part, the shard and the fix)."""
+    (`formats.checksums.ChecksumError` on a mismatch, naming the part, the shard and the fix). A shard
+    whose parts were released (`release_parts`) raises `ShardReleased`, naming what to do."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        if (self.path / RELEASED).exists():
+            raise ShardReleased(released_message(self.path, read_json(self.path / RELEASED)))
         self.index = json.loads((self.path / "index.json").read_text())
         if self.index.get("format") != FORMAT:
             raise ValueError(f"{self.path}: not an {FORMAT} shard")
@@ -237,6 +281,36 @@ class HiddenShard:
 
     def __getitem__(self, sample_id: str) -> dict:
         return self.sample(sample_id)
+
+    def part_samples(
+        self, number: int, held_out: Collection[str] = (), raw: bool = False, columns: Sequence[str] = COLUMNS
+    ) -> list[dict]:
+        """The samples of part `number` whose id is not in `held_out`, read on the caller's thread with no
+        cache shared (so several threads read parts side by side), the part's checksum checked first.
+        fp8 states come dequantized to bf16, or with `raw` as stored with their scales (`{column}_scale`)."""
+        part = self.index["parts"][number]
+        path = self.path / part["file"]
+        if self.codec.compressed:
+            data = path.read_bytes()
+            self._check(part, digest(data))
+            return self._part_rows(self.codec.decode_part(data), part, held_out, raw, columns)
+        self._check(part, file_digest(path))
+        with self.codec.open_part(path) as reader:
+            return self._part_rows(reader, part, held_out, raw, columns)
+
+    @staticmethod
+    def _part_rows(reader: PartReader, part: dict, held_out, raw: bool, columns: Sequence[str]) -> list[dict]:
+        offsets = reader.tensor("offsets")
+        samples = []
+        for k, sid in enumerate(part["ids"]):
+            if sid in held_out:
+                continue
+            a, b = int(offsets[k]), int(offsets[k + 1])
+            sample = {"id": sid}
+            for name in columns:
+                sample.update(reader.stored_rows(name, a, b) if raw else {name: reader.rows(name, a, b)})
+            samples.append(sample)
+        return samples
 
     def references(self) -> Iterator[dict]:
         """Per part of a lossy shard, its bf16 reference rows (none for lossless shards): the

@@ -1,10 +1,16 @@
 """What a run would cost, before it runs: prompts, tokens, dollars, GPU hours and disk.
 
-The partitions counted are the ones Snakemake's dry-run would regenerate (their responses or
-hidden-state jobs are scheduled), so the plan agrees with `snakemake -n`. Prompt tokens are
+The partitions counted are the ones Snakemake's dry-run would regenerate (their responses,
+hidden-state or export jobs are scheduled), so the plan agrees with `snakemake -n`. Prompt tokens are
 counted by rendering each prompt with the model's own chat template; completion tokens are
 estimated from the configured max tokens (an upper bound) or, when earlier response shards
-exist, from their observed completion tokens per turn. No model is loaded or called.
+exist, from their observed completion tokens per turn. Once a partition's token shards exist, its
+bytes are counted from their measured tokens. The disk counts every output of the states
+(workflow/disk.py): the shards and each export format in its own bytes, the most they take at once,
+what stays at the end (the exports alone where the shards are released) and whether the
+filesystem each goes to has room. The capture's hours are at the slower of the node's forward
+passes (`plan.throughput.prefill_tokens_per_s`) and its CPU side (the capture job's cores at the
+measured bytes per core a second). No model is loaded or called.
 
 It also counts how often each big model loads in the planned run: the generation server and the
 capture runner once on the node when any scheduled shard needs it (the node's shard jobs share it);
@@ -17,19 +23,17 @@ measured on the node for the same model (`formats/measured_rates.py`).
 from __future__ import annotations
 
 import re
-import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
-from eagle3_datagen.formats.checkpoint import text_config
+from eagle3_datagen.formats import storage
 from eagle3_datagen.formats.files import iter_jsonl, read_json
-from eagle3_datagen.formats.hidden_codec import Codec
-from eagle3_datagen.formats.hidden_shard import resolve_aux_layers
 from eagle3_datagen.formats.measured_rates import RATES, read_rates
 from eagle3_datagen.formats.service_loads import read_loads
+from eagle3_datagen.workflow import disk
 from eagle3_datagen.workflow.settings import (
     DATASET,
     inference_backend,
@@ -72,7 +76,7 @@ def scheduled_jobs(dry_run_output: str) -> list[ScheduledJob]:
 RESPONSE_RULES = ("responses", "responses_sglang_server")
 
 
-def scheduled_partitions(jobs: list[ScheduledJob], rules=(*RESPONSE_RULES, "hidden_states")) -> set[str]:
+def scheduled_partitions(jobs: list[ScheduledJob], rules=(*RESPONSE_RULES, "hidden_states", "export")) -> set[str]:
     """Partitions with a job of `rules` among `jobs`."""
     return {job.partition for job in jobs if job.rule in rules and job.partition}
 
@@ -123,22 +127,10 @@ class PartitionPlan:
     cost_usd: float | None
     generation_gpu_hours: float | None
     hidden_gpu_hours: float | None
-    hidden_bytes: int
     hidden_basis: str
-
-
-def _model_shape(config: dict) -> tuple[int, int]:
-    """(layers, hidden size) from the model directory's config.json, else from `plan.model` (or the
-    settings of a demo's model that is not built yet)."""
-    path = Path(config["model"]["path"]) / "config.json"
-    if path.exists():
-        model = text_config(config["model"]["path"])
-        return model["num_hidden_layers"], model["hidden_size"]
-    # no default: the model directory's config.json says it, or the demo's own settings
-    shape = config["plan"].get("model") or config.get("demo")
-    if not shape:
-        raise FileNotFoundError(f"{path} is missing: give plan.model.num_layers and plan.model.hidden_size instead")
-    return shape["num_layers"], shape["hidden_size"]
+    hidden_bytes: int  # the shards
+    disk: dict = field(default_factory=dict)  # workflow/disk.PartitionBytes.as_dict: shards, exports, peak, end
+    capture_rate: dict = field(default_factory=dict)  # the forward passes' and the CPU side's tokens/s
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -182,27 +174,20 @@ def _observed_completion_per_turn(partition: str, results: Path) -> float | None
     return tokens / turns if turns else None
 
 
-# Bytes on disk over bytes before compression when no finished shard shows it: BENCHMARKS.md
-# ("Hidden-state storage"), the tiny DeepseekV3's states (no shared prompt prefixes, the least
-# compressible of those measured), so an estimate for a large model until its first shard is done.
-DEFAULT_RATIOS = {"none": 1.0, "zstd": 0.78, "zstd_planes": 0.70}
-DEFAULT_FP8_ZSTD_RATIO = 0.80
-
-
-def compression_ratio(codec: Codec, results: Path) -> tuple[float, str]:
-    """On-disk over raw bytes of the finished shards stored like `codec`, else a default."""
-    on_disk = raw = 0
-    for path in results.glob("*/hidden/*/index.json"):
-        index = read_json(path)
-        stored = Codec.from_index(index)
-        if (stored.dtype, stored.compress) == (codec.dtype, codec.compress) and index.get("raw_bytes"):
-            on_disk += index["bytes"]
-            raw += index["raw_bytes"]
-    if raw:
-        return on_disk / raw, "observed on finished shards"
-    if codec.fp8 and codec.compressed:
-        return DEFAULT_FP8_ZSTD_RATIO, "default"
-    return DEFAULT_RATIOS[codec.compress], "default"
+def capture_rates(config: dict, per_token: int, prefill_tokens_per_s: float | None) -> dict:
+    """The capture's tokens/s: the node's forward passes (`prefill_tokens_per_s`, `plan_rates`') and its CPU
+    side, the capture job's cores (`resources.jobs.hidden_states.cpus_per_task`, less one per GPU rank) at
+    the bytes per core a second measured for the storage setting; the slower one bounds the stage."""
+    hidden = config["hidden_states"]
+    ranks = config["resources"]["gpus_per_node"] if hidden["backend"] == "sglang" else 1
+    cores = max(1, config["resources"]["jobs"]["hidden_states"]["cpus_per_task"] - ranks)
+    cpu = cores * storage.capture_bytes_per_core_s(hidden["dtype"], hidden["compress"], hidden["compress_level"])
+    rates = {"cpu_tokens_per_s": cpu / per_token, "cpu_cores": cores}
+    if prefill_tokens_per_s:
+        rates["gpu_tokens_per_s"] = prefill_tokens_per_s
+    rates["tokens_per_s"] = min(r for k, r in rates.items() if k.endswith("tokens_per_s"))
+    rates["bound_by"] = "cpu" if rates["tokens_per_s"] == rates["cpu_tokens_per_s"] else "gpu"
+    return rates
 
 
 def plan_rates(config: dict, logs: str | Path = "logs") -> dict:
@@ -220,7 +205,11 @@ def plan_rates(config: dict, logs: str | Path = "logs") -> dict:
     return rates
 
 
-def plan_partition(config: dict, partition: str, tokenizer, results: Path, rates: dict | None = None) -> PartitionPlan:
+def plan_partition(
+    config: dict, partition: str, tokenizer, results: Path, tokens_scheduled: bool = True, rates: dict | None = None
+) -> PartitionPlan:
+    """One partition's prompts, tokens, cost, hours and bytes; `tokens_scheduled`: its token shards are
+    about to be written (else existing ones give the measured tokens); `rates`: `plan_rates`'."""
     backend = inference_backend(config, partition)
     inference = config["inference"]
     # absent (hf and dataset have none): the backend's sampling.max_new_tokens
@@ -241,14 +230,16 @@ def plan_partition(config: dict, partition: str, tokenizer, results: Path, rates
     cost = prompt_tokens / 1e6 * prices["prompt"] + completion / 1e6 * prices["completion"] if prices else None
     rates = rates or plan_rates(config)
     generate_rate = rates["generate_tokens_per_s"]["tokens_per_s"]
-    prefill_rate = rates["prefill_tokens_per_s"]["tokens_per_s"]
-    layers, hidden = _model_shape(config)
-    settings = config["hidden_states"]
-    aux = resolve_aux_layers(layers, settings["aux_layers"])
-    codec = Codec.from_settings(settings)
-    per_token = codec.bytes_per_token(len(aux), hidden)
-    ratio, ratio_basis = compression_ratio(codec, results)
-    total_tokens = prompt_tokens + completion
+    tokens = None if tokens_scheduled else disk.measured_tokens(config, partition, results)
+    samples = user_turns if config["tokens"]["thinking"] == "keep_all" else prompts
+    tokens = tokens or disk.Tokens(prompt_tokens + completion, samples, f"estimate (prompt tokens, {basis})")
+    counted = disk.partition_bytes(config, partition, tokens, results)
+    states = disk.stored_states(config)
+    per_token = storage.shard_bytes_per_token(
+        states.dtype, states.scales, states.scale_block, states.aux_layers, states.hidden_size
+    )
+    capture = capture_rates(config, per_token, rates["prefill_tokens_per_s"]["tokens_per_s"])
+    capture_rate = capture["tokens_per_s"] if "gpu_tokens_per_s" in capture else None
     return PartitionPlan(
         partition=partition,
         backend=backend,
@@ -261,9 +252,11 @@ def plan_partition(config: dict, partition: str, tokenizer, results: Path, rates
         generation_gpu_hours=(
             completion / generate_rate / 3600 if generate_rate and backend not in ("openrouter", DATASET) else None
         ),
-        hidden_gpu_hours=total_tokens / prefill_rate / 3600 if prefill_rate else None,
-        hidden_bytes=round(total_tokens * per_token * ratio),
-        hidden_basis=f"{settings['dtype']}, {per_token} B/token x {ratio:.3f} ({ratio_basis})",
+        hidden_gpu_hours=tokens.tokens / capture_rate / 3600 if capture_rate else None,
+        hidden_bytes=counted.shards,
+        hidden_basis=f"{states.dtype}, {per_token} B/token; {'; '.join(counted.basis)}",
+        disk=counted.as_dict(),
+        capture_rate=capture,
     )
 
 
@@ -305,6 +298,14 @@ def plan_evaluation(config: dict, rows: list[PartitionPlan], rates: dict | None 
     }
 
 
+def recaptures(config: dict, jobs: list[ScheduledJob], results: Path) -> list[str]:
+    """Partitions whose exports or probes the run reruns while their shards' parts were removed
+    (hidden_states.keep_shards: false) and nothing captures them again: the preflight stops such a run."""
+    capturing = {j.partition for j in jobs if j.rule == "hidden_states"}
+    reading = {j.partition for j in jobs if j.rule in ("export", "probe") and j.partition}
+    return sorted(p for p in reading - capturing if any((results / p / "hidden").glob(f"*/{disk.RELEASED}")))
+
+
 def make_plan(
     config: dict,
     partitions: list[str],
@@ -313,12 +314,15 @@ def make_plan(
     logs: str | Path = "logs",
     per_allocation: bool = False,
 ) -> dict:
-    """`jobs`: the dry-run's, to count model loads (none counted without them); `per_allocation`: the
-    run submits its jobs to a cluster (each job or group job is an allocation of its own)."""
+    """`jobs`: the dry-run's, to count model loads (none counted without them) and to tell which
+    partitions' token shards are rewritten; `per_allocation`: the run submits its jobs to a cluster (each
+    job or group job is an allocation of its own)."""
     results = Path(results)
+    jobs = jobs or []
     tokenizer = plan_tokenizer(config)
     rates = plan_rates(config, logs)
-    rows = [plan_partition(config, p, tokenizer, results, rates) for p in sorted(partitions)]
+    tokens_rewritten = {j.partition for j in jobs if j.rule == "tokens"} if jobs else set(partitions)
+    rows = [plan_partition(config, p, tokenizer, results, p in tokens_rewritten, rates) for p in sorted(partitions)]
     total = {
         key: sum(getattr(r, key) for r in rows)
         for key in ("prompts", "user_turns", "prompt_tokens", "completion_tokens", "hidden_bytes")
@@ -326,16 +330,30 @@ def make_plan(
     for key in ("cost_usd", "generation_gpu_hours", "hidden_gpu_hours"):  # None where nothing applies
         known = [getattr(r, key) for r in rows if getattr(r, key) is not None]
         total[key] = sum(known) if known else None
+    for key in ("tokens", "bf16_bytes", "peak_bytes", "end_bytes"):
+        total[key] = sum(r.disk[key] for r in rows)
+    total["export_bytes"] = {}
+    for r in rows:
+        for fmt, size in r.disk["export_bytes"].items():
+            total["export_bytes"][fmt] = total["export_bytes"].get(fmt, 0) + size
     results.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(results).free
+    writes = []
+    for r in rows:
+        writes.append((r.partition, results / r.partition / "hidden", r.disk["shard_bytes"]))
+        writes += [(r.partition, results / r.partition / "export" / f, b) for f, b in r.disk["export_bytes"].items()]
+    filesystems = [
+        {"where": str(n.where), "free_bytes": n.free, "needed_bytes": n.needed, "partitions": n.partitions}
+        for n in disk.needs_by_filesystem(writes)
+    ]
     return {
         "partitions": [asdict(r) for r in rows],
         "total": total,
-        "loads": plan_loads(config, jobs or [], logs, per_allocation),
+        "loads": plan_loads(config, jobs, logs, per_allocation),
         "rates": rates,
         "evaluation": plan_evaluation(config, rows, rates),
-        "free_disk_bytes": free,
-        "exceeds_free_disk": total["hidden_bytes"] > free,
+        "filesystems": filesystems,
+        "exceeds_free_disk": any(f["needed_bytes"] > f["free_bytes"] for f in filesystems),
+        "recapture": recaptures(config, jobs, results),
     }
 
 
@@ -343,7 +361,7 @@ def _fmt(value, unit: str = "") -> str:
     if value is None:
         return "-"
     if unit == "bytes":
-        for scale, name in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB")):
+        for scale, name in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
             if value >= scale:
                 return f"{value / scale:.2f} {name}"
         return f"{value} B"
@@ -389,11 +407,70 @@ def format_plan(plan: dict) -> str:
             f"{_fmt(evaluation['training_tokens'])} | {_fmt(evaluation['decoded_tokens'])} | "
             f"{_fmt(evaluation['gpu_hours'])} |",
         ]
+    lines += _disk_lines(plan)
     if not plan["partitions"]:
         lines.append("\nNothing to regenerate: every partition is up to date.")
-    if plan["exceeds_free_disk"]:
+    for fs in plan["filesystems"]:
+        if fs["needed_bytes"] > fs["free_bytes"]:
+            lines.append(
+                f"\nWARNING: the shards and exports of {', '.join(fs['partitions'])} need up to "
+                f"{_fmt(fs['needed_bytes'], 'bytes')} at once, but only {_fmt(fs['free_bytes'], 'bytes')} are free "
+                f"on the filesystem at {fs['where']}"
+            )
+    if plan["recapture"]:
         lines.append(
-            f"\nWARNING: hidden states need {_fmt(t['hidden_bytes'], 'bytes')}, but only "
-            f"{_fmt(plan['free_disk_bytes'], 'bytes')} are free under results/"
+            f"\nWARNING: the exports or probes of {', '.join(plan['recapture'])} rerun, but their shards' parts were "
+            "removed after the exports (hidden_states.keep_shards: false): the run stops before its first job. "
+            "Capturing them again costs the hidden GPU hours of a first run: delete results/<partition>/hidden "
+            "and plan again to count them, or undo the change that reruns the exports"
         )
     return "\n".join(lines)
+
+
+def _disk_lines(plan: dict) -> list[str]:
+    """The states' outputs per partition: shards, each export, at most at once, and what stays at the end."""
+    if not plan["partitions"]:
+        return []
+    lines = [
+        "",
+        "| disk | tokens (basis) | states in bf16 | shards | exports | at most at once | at the end |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def exports(sizes: dict) -> str:
+        return ", ".join(f"{fmt} {_fmt(size, 'bytes')}" for fmt, size in sizes.items()) or "-"
+
+    def end(d: dict) -> str:
+        ratio = f" ({d['end_bytes'] / d['bf16_bytes']:.2f}x bf16)" if d["bf16_bytes"] else ""
+        return _fmt(d["end_bytes"], "bytes") + ratio + ("; shards released" if d.get("shards_released") else "")
+
+    for r in plan["partitions"]:
+        d = r["disk"]
+        lines.append(
+            f"| {r['partition']} | {_fmt(d['tokens'])} ({d['tokens_basis']}) | {_fmt(d['bf16_bytes'], 'bytes')} | "
+            f"{_fmt(d['shard_bytes'], 'bytes')} | {exports(d['export_bytes'])} | {_fmt(d['peak_bytes'], 'bytes')} | "
+            f"{end(d)} |"
+        )
+    t = plan["total"]
+    total = {**t, "shards_released": False}
+    lines.append(
+        f"| **total** | {_fmt(t['tokens'])} | {_fmt(t['bf16_bytes'], 'bytes')} | {_fmt(t['hidden_bytes'], 'bytes')} | "
+        f"{exports(t['export_bytes'])} | {_fmt(t['peak_bytes'], 'bytes')} | {end(total)} |"
+    )
+    lines.append("")
+    lines.append(f"bytes counted with: {'; '.join(plan['partitions'][0]['hidden_basis'].split('; ')[1:])}")
+    rate = plan["partitions"][0]["capture_rate"]
+    cpu = f"CPU side {_fmt(rate['cpu_tokens_per_s'])} tokens/s ({rate['cpu_cores']} cores)"
+    if "gpu_tokens_per_s" in rate:
+        side = "CPU side's" if rate["bound_by"] == "cpu" else "forward passes'"
+        lines.append(
+            f"capture: forward passes {_fmt(rate['gpu_tokens_per_s'])} tokens/s, {cpu}: hours at the {side} rate"
+        )
+    else:
+        lines.append(f"capture: {cpu}; no plan.throughput.prefill_tokens_per_s, so no hours")
+    for fs in plan["filesystems"]:
+        lines.append(
+            f"filesystem at {fs['where']}: up to {_fmt(fs['needed_bytes'], 'bytes')} at once, "
+            f"{_fmt(fs['free_bytes'], 'bytes')} free"
+        )
+    return lines

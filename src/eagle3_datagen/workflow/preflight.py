@@ -7,6 +7,12 @@ key is needed only while OpenRouter responses are scheduled); and at parse time 
 preview on a laptop without the key or the model still works. The dry-run does not know which jobs
 are up to date, so it counts every job the config's workflow has.
 
+The disk check needs no plan: it counts the bytes of the shards and exports the jobs write from the
+tokens stage's measured counts, or before those exist bounds them from the prompts (workflow/disk.py),
+less what the outputs they replace hold, on the filesystem each output goes to. A probe or export
+that would read shards whose parts were removed after the exports (hidden_states.keep_shards: false)
+stops a run too, naming the cost of rerunning it.
+
 Each problem is one line naming the setting, the value and the fix.
 """
 
@@ -20,14 +26,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_datagen.workflow.settings import inference_backend, served_by_launched_server
+from eagle3_datagen.workflow import disk
+from eagle3_datagen.workflow.settings import inference_backend, served_by_launched_server, shard_names
 
 # Rules whose jobs read nothing of the model: the prompts (one rule per partition), the reports, and
 # the demo's model builder (which makes it).
-NO_MODEL_RULES = ("partition_summary", "summary", "build_demo_model")
+NO_MODEL_RULES = ("partition_summary", "summary", "build_demo_model", "release_hidden")
 RESPONSE_RULES = ("responses", "responses_sglang_server")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-# Written by scripts/plan.py; read for the disk check.
+# Written by scripts/plan.py (the plan's record; the disk check counts without it).
 PLAN_FILE = "results/plan.json"
 SGLANG_IMPORTABLE = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
 # A CPU build of torch can never train on a GPU, whichever node the job lands on (the submit host may
@@ -37,15 +44,22 @@ TORCH_BUILT_FOR_CUDA = "import sys, torch; sys.exit(torch.version.cuda is None)"
 
 @dataclass(frozen=True)
 class Job:
-    """A job that would run: its rule and, where it has one, its partition."""
+    """A job that would run: its rule and, where it has them, its partition, shard and export format
+    (none: every shard, every format of the partition)."""
 
     rule: str
     partition: str | None = None
+    shard: str | None = None
+    format: str | None = None
 
 
 def scheduled_jobs(dag) -> list[Job]:
     """The jobs Snakemake's `dag` will run (in `onstart`, once Snakemake has built it)."""
-    return [Job(job.rule.name, job.wildcards_dict.get("partition")) for job in dag.needrun_jobs()]
+    jobs = []
+    for job in dag.needrun_jobs():
+        wildcards = job.wildcards_dict
+        jobs.append(Job(job.rule.name, wildcards.get("partition"), wildcards.get("shard"), wildcards.get("format")))
+    return jobs
 
 
 def config_jobs(config: dict) -> list[Job]:
@@ -54,7 +68,7 @@ def config_jobs(config: dict) -> list[Job]:
     for p in config["partitions"]:
         responses = "responses_sglang_server" if served_by_launched_server(config, p) else "responses"
         jobs += [Job(f"prompts_{p}", p), Job(responses, p), Job("tokens", p), Job("hidden_states", p)]
-        jobs += [Job("probe", p), Job("partition_summary", p)]
+        jobs += [Job("probe", p), Job("partition_summary", p), Job("export", p)]
     if "evaluate" in config:
         jobs += [Job("evaluate", p) for p in config["partitions"]]
     return [*jobs, Job("summary"), *([Job("vocab_mapping")] if "vocab_mapping" in config else [])]
@@ -66,9 +80,10 @@ def problems(
     environ: Mapping[str, str],
     sglang_deployed: bool,
     results: str | Path = "results",
-    plan_file: str | Path = PLAN_FILE,
+    scheduled: bool = True,
 ) -> list[str]:
-    """One line per thing that would fail one of `jobs` later, with its fix.
+    """One line per thing that would fail one of `jobs` later, with its fix. `scheduled`: `jobs` are the
+    jobs this run will run (onstart), not every job kind of the config (a dry-run's).
 
     `sglang_deployed`: a deployment method of the run (`--sdm conda`) brings SGLang to the jobs that
     use it (their env is envs/sglang.yaml), and SpecForge to the evaluate jobs (envs/specforge.yaml); else
@@ -88,7 +103,9 @@ def problems(
     if not sglang_deployed:
         found += _sglang_problems(config, jobs, environ)
     found += _specforge_problems(config, jobs, environ, sglang_deployed)
-    found += _disk_problems(jobs, Path(results), Path(plan_file))
+    found += _disk_problems(config, jobs, Path(results))
+    if scheduled:
+        found += _released_problems(config, jobs, Path(results))
     return found
 
 
@@ -249,23 +266,88 @@ def _runs(python: str, code: str, environ: Mapping[str, str]) -> bool:
         return False
 
 
-def _disk_problems(jobs: list[Job], results: Path, plan_file: Path) -> list[str]:
-    """The hidden-state bytes the last `scripts/plan.py` estimated for the partitions whose hidden states
-    are scheduled, against the free disk under results/ (no plan, no check)."""
-    capturing = {j.partition for j in jobs if j.rule == "hidden_states"}
-    if not capturing or not plan_file.is_file():
-        return []
-    rows = json.loads(plan_file.read_text())["partitions"]
-    needed = sum(row["hidden_bytes"] for row in rows if row["partition"] in capturing)
-    where = results if results.exists() else results.parent
-    free = shutil.disk_usage(where).free
-    if needed <= free:
-        return []
-    return [
-        f"the hidden states of {', '.join(sorted(capturing))} need {needed / 2**30:,.1f} GiB ({plan_file}, written by "
-        f"scripts/plan.py), but {free / 2**30:,.1f} GiB are free under {results}/: free space, store them smaller "
-        "(hidden_states.dtype, compress), or put results/ on a larger disk"
-    ]
+def _disk_writes(config: dict, jobs: list[Job], results: Path) -> tuple[list[tuple[str, Path, int]], set[str]]:
+    """(partition, output, bytes) of every shard and export `jobs` write, less what each output already holds
+    (Snakemake removes it before the job), counted from measured tokens or bounded from the prompts; and the
+    bases used. A partition whose prompts do not exist yet is not counted."""
+    writes, bases = [], set()
+    partitions = {j.partition for j in jobs if j.rule in ("hidden_states", "export") and j.partition}
+    for partition in sorted(partitions):
+        tokens_scheduled = any(j.rule == "tokens" and j.partition == partition for j in jobs)
+        tokens = None if tokens_scheduled else disk.measured_tokens(config, partition, results)
+        tokens = tokens or disk.bounded_tokens(config, partition, results)
+        if tokens is None:
+            continue
+        bases.add(tokens.basis)
+        counted = disk.partition_bytes(config, partition, tokens, results)
+        shards = shard_names(config, partition)
+        for job in jobs:
+            if job.partition != partition:
+                continue
+            if job.rule == "hidden_states":
+                for shard in [job.shard] if job.shard else shards:
+                    out = results / partition / "hidden" / shard
+                    old = 0 if (out / disk.RELEASED).exists() else disk.existing_bytes(out)
+                    writes.append((partition, out, max(0, counted.shards // len(shards) - old)))
+            elif job.rule == "export":
+                for fmt in [job.format] if job.format else counted.exports:
+                    out = results / partition / "export" / fmt
+                    writes.append((partition, out, max(0, counted.exports[fmt] - disk.existing_bytes(out))))
+    return writes, bases
+
+
+def _disk_problems(config: dict, jobs: list[Job], results: Path) -> list[str]:
+    """The bytes of the shards and exports `jobs` write, at most at once (released shards are counted: they
+    are removed only once the partition's exports are done), against the free space of the filesystem each
+    goes to."""
+    writes, bases = _disk_writes(config, jobs, results)
+    found = []
+    for need in disk.needs_by_filesystem(writes):
+        if not need.exceeded:
+            continue
+        bounded = any(b.startswith("upper bound") for b in bases)
+        found.append(
+            f"the hidden-state shards and exports of {', '.join(need.partitions)} need up to "
+            f"{need.needed / 2**30:,.1f} GiB at once ({' and '.join(sorted(bases))}), but {need.free / 2**30:,.1f} GiB "
+            f"are free on the filesystem at {need.where}: free space, store them smaller (hidden_states.dtype, "
+            "compress; export.specforge.compress: gzip), or put results/ on a larger disk"
+            + (
+                "; or run up to the tokens first (`--until tokens`): the check then counts their measured "
+                "tokens instead of this upper bound"
+                if bounded
+                else ""
+            )
+        )
+    return found
+
+
+def _released_problems(config: dict, jobs: list[Job], results: Path) -> list[str]:
+    """Scheduled probes and exports that would read shards whose parts were removed (hidden_states.keep_shards:
+    false) while nothing captures them again: the job would fail; say what rerunning it costs."""
+    capturing = {(j.partition, j.shard) for j in jobs if j.rule == "hidden_states"}
+    found = []
+    for job in jobs:
+        if job.rule not in ("probe", "export") or not job.partition:
+            continue
+        shards = [job.shard] if job.shard else shard_names(config, job.partition)
+        released = [
+            s
+            for s in shards
+            if (results / job.partition / "hidden" / s / disk.RELEASED).exists()
+            and (job.partition, s) not in capturing
+            and (job.partition, None) not in capturing
+        ]
+        if released:
+            what = f"{job.rule} {job.format or ''}".strip()
+            hidden = results / job.partition / "hidden"
+            found.append(
+                f"the {what} job of {job.partition} would read the hidden-state shards {', '.join(released)} of "
+                f"{hidden}, whose parts were removed once the partition's exports were done (hidden_states."
+                "keep_shards: false: the exports are the one copy of the states). Rerunning it means capturing "
+                f"them again on the GPU node (`python scripts/plan.py` counts the hours): delete {hidden} and "
+                "rerun; or leave what changed as it was, so that the exports stay up to date"
+            )
+    return found
 
 
 def raise_or_warn(found: list[str], dry_run: bool, warn, error_type=RuntimeError) -> None:

@@ -229,6 +229,11 @@ def probe_settings(config: dict, partition: str) -> dict:
     }
 
 
+def export_settings(config: dict, fmt: str) -> dict:
+    """What shapes an export of `fmt` beyond its inputs: SpecForge's rows' compression (speculators: nothing)."""
+    return {"specforge": split(config["export"]["specforge"], "export.specforge")[0]} if fmt == "specforge" else {}
+
+
 def probe_run_settings(config: dict) -> dict:
     return {"probe": split(config["probe"], "probe")[1]}
 

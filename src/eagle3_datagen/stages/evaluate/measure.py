@@ -66,7 +66,7 @@ def held_out_samples(token_rows: Iterable[dict], ids: Iterable[str]) -> list[dic
 def training_data(exports: list[Path], work_dir: Path) -> Path | None:
     """Where SpecForge reads the training samples: the one export itself, or for several exports (all
     partitions together) a directory of links to each one's samples, one folder per export (its reader
-    lists every `.ckpt` below the directory, sorted). The exports must share one draft config."""
+    lists every `.ckpt` and `.ckpt.gz` below the directory, sorted). The exports must share one draft config."""
     if len(exports) == 1:
         return None
     configs = {(e / "draft_config.json").read_text() for e in exports}
@@ -75,7 +75,7 @@ def training_data(exports: list[Path], work_dir: Path) -> Path | None:
         raise ValueError(f"exports {named} have different draft configs: one draft cannot train on all of them")
     data = work_dir / "data"
     for number, export in enumerate(exports):
-        for sample in sorted(export.glob("rows_*/*.ckpt")):
+        for sample in sorted(p for p in export.glob("rows_*/*") if p.name.endswith((".ckpt", ".ckpt.gz"))):
             link = data / f"{number:05d}" / sample.relative_to(export)
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(sample.resolve())

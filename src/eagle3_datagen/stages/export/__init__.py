@@ -3,22 +3,31 @@
 - `speculators` (`speculators.py`): the directory vLLM speculators 0.9.0's `speculators train
   --data-path` reads: an Arrow dataset of `input_ids`, `loss_mask` and `seq_len` rows in export
   order, `hidden_states/hs_{i}.safetensors` (auxiliary layers, then layer N before the final norm:
-  speculators applies the verifier's norm itself), `d2t.npy` / `t2d.npy`, README.md with the command.
+  speculators applies the verifier's norm itself; fp8 shards stay fp8 where its release reads them),
+  `d2t.npy` / `t2d.npy`, README.md with the command.
 - `specforge` (`specforge.py`): SpecForge 0.2.0's offline rows, one `torch.save` dict per sample
-  (the final layer after the final norm: SpecForge's target head is the bare LM head), with the
-  draft config, the vocabulary mapping, a ready `specforge train` config and a README.
+  (the final layer after the final norm: SpecForge's target head is the bare LM head), plain or
+  gzipped (`export.specforge.compress`), with the draft config, the vocabulary mapping, a ready
+  `specforge train` config and a README.
 
 Both leave out the evaluation's held-out samples (`held_out`: their prompt ids, formats/holdout.py),
 number the rest in shard order, write `ids.jsonl` (index -> sample id) so no sample loses its
-source id, and record in `export.json` the final-slot convention and the xxh3-64 checksum of every
-file they wrote (hashed from the bytes as written); the directory appears only when complete.
-Every part read is checked against its shard's checksum first (`HiddenShard`).
+source id, and record in `export.json` the final-slot convention, the bytes written and the xxh3-64
+checksum of every file they wrote (hashed from the bytes as written); the directory appears only when
+complete. Every part read is checked against its shard's checksum first (`HiddenShard`).
+
+Samples are written in parallel on `threads` threads: parts are read (decompressed, checked) a few
+ahead of the samples being written, and each sample's file is encoded, compressed, hashed and written
+on a thread of its own; numbers are assigned in shard order first, so the files do not depend on the
+number of threads.
 """
 
 from __future__ import annotations
 
 import io
+from collections import deque
 from collections.abc import Collection, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
@@ -26,6 +35,7 @@ import orjson
 from eagle3_datagen.formats.checksums import ALGORITHM
 from eagle3_datagen.formats.files import atomic_dir, write_json
 from eagle3_datagen.formats.hidden_shard import HiddenShard
+from eagle3_datagen.formats.storage import export_read_ahead
 from eagle3_datagen.stages.export.files import ExportFiles
 from eagle3_datagen.stages.export.specforge import SpecForgeExport
 from eagle3_datagen.stages.export.speculators import SpeculatorsExport
@@ -41,11 +51,44 @@ def _shards(shard_dirs: list[str | Path]) -> list[HiddenShard]:
     return shards
 
 
-def _samples(shards: list[HiddenShard], held_out: Collection[str]) -> Iterator[dict]:
+def _numbered_parts(shards: list[HiddenShard], held_out: Collection[str]) -> Iterator[tuple[HiddenShard, int, int]]:
+    """(shard, part number, export number of the part's first kept sample) in shard order."""
+    number = 0
     for shard in shards:
-        for sample in shard:
-            if sample["id"] not in held_out:
-                yield sample
+        for k, part in enumerate(shard.index["parts"]):
+            yield shard, k, number
+            number += sum(sid not in held_out for sid in part["ids"])
+
+
+def _write_samples(shards: list[HiddenShard], writer, files: ExportFiles, held_out: set, threads: int) -> list[dict]:
+    """Every kept sample written by `writer` on `threads` threads, numbered in shard order; returns each
+    sample's id and length. Parts are read `export_read_ahead(threads)` ahead and at most two sample files
+    per thread are in flight, which bounds the memory (workflow/job_resources.py sizes the job from it)."""
+    kept: list[dict] = []
+    raw = writer.stored_states  # the states as stored (fp8 with its scales) or dequantized
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="export") as pool:
+        parts = _numbered_parts(shards, held_out)
+        reading: deque[tuple[int, Future]] = deque()
+        writing: deque[Future] = deque()
+
+        def read_ahead() -> None:
+            for shard, k, first in parts:
+                reading.append((first, pool.submit(shard.part_samples, k, held_out, raw=raw)))
+                if len(reading) >= export_read_ahead(threads):
+                    return
+
+        read_ahead()
+        while reading:
+            first, samples = reading.popleft()
+            for offset, sample in enumerate(samples.result()):
+                kept.append({"id": sample["id"], "tokens": len(sample["input_ids"])})
+                writing.append(pool.submit(writer.add, files, first + offset, sample))
+                while len(writing) > 2 * max(1, threads):
+                    writing.popleft().result()
+            read_ahead()
+        for future in writing:
+            future.result()
+    return kept
 
 
 def export(
@@ -57,41 +100,44 @@ def export(
     vocab_dir: str | Path | None = None,
     draft_vocab_size: int | None = None,
     held_out: Collection[str] = (),
+    settings: dict | None = None,
+    threads: int = 1,
 ) -> dict:
     """Write `shard_dirs`' samples in order to `out_dir` in `fmt`'s layout. `model_path` is the target
     (verifier) model directory: SpecForge's export reads its final norm, LM head and config, and both
     name it in their training command; `vocab_dir` is the vocab stage's directory, whose d2t/t2d (of
     `draft_vocab_size` entries) the exports name, not copy: one partition's change then reruns only
-    its own export. Samples whose id is in `held_out` (the evaluation's) are not exported."""
+    its own export. Samples whose id is in `held_out` (the evaluation's) are not exported. `settings`:
+    the validated `export` section (the SpecForge rows' compression); `threads`: the threads that
+    read parts and write samples."""
     if fmt not in FORMATS:
         raise ValueError(f"export format must be one of {FORMATS}, not {fmt!r}")
     shards = _shards(shard_dirs)
     index = shards[0].index if shards else {"aux_layers": [], "final": "raw", "hidden_size": 0}
-    kind = SpecForgeExport if fmt == "specforge" else SpeculatorsExport
-    writer = kind(shards, model_path, vocab_dir, draft_vocab_size)
+    if fmt == "specforge":
+        writer = SpecForgeExport(shards, model_path, vocab_dir, draft_vocab_size, (settings or {}).get("specforge"))
+    else:
+        writer = SpeculatorsExport(shards, model_path, vocab_dir, draft_vocab_size)
     out_dir = Path(out_dir)
     held_out = set(held_out)
-    count = tokens = 0
     with atomic_dir(out_dir) as tmp:
         files = ExportFiles(tmp)
+        kept = _write_samples(shards, writer, files, held_out, threads)
         ids = io.BytesIO()
-        for number, sample in enumerate(_samples(shards, held_out)):
-            writer.add(files, number, sample)
+        for number, sample in enumerate(kept):
             ids.write(orjson.dumps({"index": number, "id": sample["id"]}) + b"\n")
-            count += 1
-            tokens += len(sample["input_ids"])
         files.write("ids.jsonl", ids.getvalue())
         summary = {
             "format": fmt,
-            "samples": count,
+            "samples": len(kept),
             # the samples left out for the evaluation (some held-out prompts may have no sample)
-            "held_out": sum(len(s) for s in shards) - count,
-            "tokens": tokens,
+            "held_out": sum(len(s) for s in shards) - len(kept),
+            "tokens": sum(s["tokens"] for s in kept),
             "shards": [str(d) for d in shard_dirs],
             "aux_layers": index["aux_layers"],
             "final": index["final"],
         }
         summary.update(writer.finish(files, out_dir.resolve(), summary))
-        summary.update(checksum=ALGORITHM, files=files.checksums)
+        summary.update(checksum=ALGORITHM, files=files.checksums, bytes=files.bytes)
         write_json(tmp / "export.json", summary)
     return {k: v for k, v in summary.items() if k != "files"}

@@ -2,24 +2,37 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from eagle3_datagen.formats.checksums import digest, file_digest
 
 
 class ExportFiles:
-    """Writes files under an export directory and keeps the checksum of each one's bytes."""
+    """Writes files under an export directory and keeps the checksum and size of each one (from any thread)."""
 
     def __init__(self, root: Path):
         self.root = root
         self.checksums: dict[str, str] = {}
+        self.sizes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes.values())
 
     def write(self, relative: str, data: bytes) -> None:
         path = self.root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        self.checksums[relative] = digest(data)
+        self._keep(relative, digest(data), len(data))
 
     def record(self, relative: str) -> None:
         """A file another library wrote (the Arrow dataset: ids and masks only, small)."""
-        self.checksums[relative] = file_digest(self.root / relative)
+        path = self.root / relative
+        self._keep(relative, file_digest(path), path.stat().st_size)
+
+    def _keep(self, relative: str, checksum: str, size: int) -> None:
+        with self._lock:
+            self.checksums[relative] = checksum
+            self.sizes[relative] = size

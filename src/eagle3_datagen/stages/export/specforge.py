@@ -1,17 +1,21 @@
 """The SpecForge export: SpecForge 0.2.0's offline layout and what its `specforge train` needs beside it.
 
-Its `OfflineManifestReader` lists every `*.ckpt` under the directory, sorted: one `torch.save` dict
-per sample in `rows_{a:09d}-{b:09d}/data_{i:09d}.ckpt` (zero-padded, so that sorted order is export
-order and SpecForge's file index is our sample number) with `input_ids` [L], `loss_mask` [L],
-`hidden_state` [1, L, H] (the final layer after the final norm: SpecForge's target head is the bare
-LM head) and `aux_hidden_state` [1, L, A*H]; beside them the draft config, the vocabulary mapping,
-a ready `specforge train` config and a README (`SpecForgeExport`).
+Its `OfflineManifestReader` lists every `*.ckpt` and `*.ckpt.gz` under the directory, sorted: one
+`torch.save` dict per sample in `rows_{a:09d}-{b:09d}/data_{i:09d}.ckpt` (zero-padded, so that sorted
+order is export order and SpecForge's file index is our sample number) with `input_ids` [L],
+`loss_mask` [L], `hidden_state` [1, L, H] (the final layer after the final norm: SpecForge's target
+head is the bare LM head) and `aux_hidden_state` [1, L, A*H]; with `export.specforge.compress: gzip`
+each is gzipped (`.ckpt.gz`, which its `load_feature_file` decompresses whole before `torch.load`).
+Beside them the draft config, the vocabulary mapping, a ready `specforge train` config and a README
+(`SpecForgeExport`).
 """
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
+import threading
 from pathlib import Path
 
 import torch
@@ -52,10 +56,11 @@ SPECFORGE_DRAFT_FIELDS = (
 )
 
 
-def specforge_sample_path(index: int) -> str:
+def specforge_sample_path(index: int, gzipped: bool = False) -> str:
     start = index - index % SPECFORGE_ROWS_PER_DIR
     digits = SPECFORGE_NAME_DIGITS
-    return f"rows_{start:0{digits}d}-{start + SPECFORGE_ROWS_PER_DIR:0{digits}d}/data_{index:0{digits}d}.ckpt"
+    name = f"rows_{start:0{digits}d}-{start + SPECFORGE_ROWS_PER_DIR:0{digits}d}/data_{index:0{digits}d}.ckpt"
+    return name + ".gz" if gzipped else name
 
 
 class SpecForgeExport:
@@ -65,7 +70,11 @@ class SpecForgeExport:
     gets the final norm applied here (RMSNorm with the checkpoint's weight and `rms_norm_eps`, in
     float32, cast back to the stored dtype), since SpecForge's target head applies none; a shard
     stored `final: normed` is exported as it is. Every shard must share one layout (one draft config).
+    SpecForge 0.2.0 reads no fp8: fp8 shards are exported dequantized to bf16. `settings`: the validated
+    `export.specforge` section (`compress`: none or gzip, at `compress_level`).
     """
+
+    stored_states = False  # samples come dequantized: SpecForge reads bf16 (or the stored fp16/fp32)
 
     def __init__(
         self,
@@ -73,6 +82,7 @@ class SpecForgeExport:
         model_path: str | Path | None,
         vocab_dir: str | Path | None,
         draft_vocab_size: int | None,
+        settings: dict | None = None,
     ):
         if model_path is None:
             raise ValueError("the specforge export needs the target model directory (--model)")
@@ -103,11 +113,22 @@ class SpecForgeExport:
         files = tensor_files(self.model_path)
         self.lm_head_key = head_and_norm_names(self.model_path, files)[0]
         self.embedding_key = one_named(list(files), "embed_tokens.weight")
+        settings = settings or {"compress": "none"}
+        self.gzip_level = settings["compress_level"] if settings["compress"] == "gzip" else None
+        self._rows = {"raw_bytes": 0, "bytes": 0}
+        self._lock = threading.Lock()
 
     def add(self, files: ExportFiles, number: int, sample: dict) -> None:
+        """Write one sample's row (from any thread)."""
         buffer = io.BytesIO()
         torch.save(self.sample(sample), buffer)
-        files.write(specforge_sample_path(number), buffer.getvalue())
+        data = raw = buffer.getvalue()
+        if self.gzip_level is not None:
+            data = gzip.compress(raw, compresslevel=self.gzip_level, mtime=0)  # no time stamp: the same bytes each run
+        files.write(specforge_sample_path(number, self.gzip_level is not None), data)
+        with self._lock:
+            self._rows["raw_bytes"] += len(raw)
+            self._rows["bytes"] += len(data)
 
     def sample(self, sample: dict) -> dict:
         """One `.ckpt` row. Every tensor is a copy: `torch.save` of a view writes its whole part."""
@@ -176,6 +197,8 @@ class SpecForgeExport:
             "final_norm_applied": self.final_norm is not None,
             "aux_layers": self.aux_layers,
             "specforge_aux_layer_ids": self.sglang_layer_ids,
+            # the rows' bytes before and after compression: the plan's observed gzip ratio
+            "rows": {"compress": "gzip" if self.gzip_level else "none", "level": self.gzip_level, **self._rows},
         }
 
 
@@ -196,6 +219,13 @@ def _specforge_readme(out_dir: Path, sf: SpecForgeExport) -> str:
         else "No `vocab_mapping.draft_vocab_size` was configured: SpecForge derives its own mapping at its "
         "default draft vocabulary (32,000)."
     )
+    gz = ".gz" if sf.gzip_level else ""
+    gz_note = (
+        "\n  Gzipped: SpecForge's loader threads (`data.dataloader_num_workers`, 4 per rank by default) each "
+        "decompress a whole row before `torch.load`; raise them if the GPUs wait on data."
+        if sf.gzip_level
+        else ""
+    )
     norm = (
         "applied here (the shards store layer N before the final norm)"
         if sf.final_norm
@@ -213,7 +243,7 @@ Add dotted overrides for the run (`training.num_epochs=2 training.batch_size=4
 deployment.trainer.nproc_per_node=8`), or to point at moved files (`model.target_model_path=...
 data.hidden_states_path=... model.draft_model_config=... model.vocab_mapping_path=...`).
 
-- `rows_*/data_*.ckpt`: one sample each, numbered as in `ids.jsonl` (SpecForge's file index).
+- `rows_*/data_*.ckpt{gz}`: one sample each, numbered as in `ids.jsonl` (SpecForge's file index).{gz_note}
   `hidden_state` is the final layer after the target's final norm, {norm}; `aux_hidden_state` holds
   hidden_states layers {sf.aux_layers} (SpecForge/SGLang ids {sf.sglang_layer_ids}).
 - `draft_config.json`: SpecForge's generated draft config with this draft vocabulary and

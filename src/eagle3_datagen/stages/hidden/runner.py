@@ -109,6 +109,8 @@ def serve(settings: dict) -> None:
     started = time.monotonic()
     capture = load_capture(settings)
     ranks = capture.ranks
+    # the capture's processes on this node: one per GPU under torchrun, each busy with the forward passes
+    processes = settings["tensor_parallel"] if settings["hidden_states"]["backend"] == "sglang" else 1
     requests = Path(os.environ[SERVICE_DIR_ENV]) / "requests"
     if ranks.writer:
         requests.mkdir(exist_ok=True)
@@ -119,7 +121,7 @@ def serve(settings: dict) -> None:
         if request is None:
             time.sleep(POLL_S)
             continue
-        _capture_request(request, capture, requests)
+        _capture_request(request, capture, requests, processes)
 
 
 def _next_request(requests: Path) -> dict | None:
@@ -133,8 +135,9 @@ def _next_request(requests: Path) -> dict | None:
     return None
 
 
-def _capture_request(request: dict, capture: CaptureBackend, requests: Path) -> None:
-    from eagle3_datagen.stages.hidden.shard import ShardCancelled, capture_shard  # torch: the runner's side only
+def _capture_request(request: dict, capture: CaptureBackend, requests: Path, processes: int) -> None:
+    # torch: the runner's side only
+    from eagle3_datagen.stages.hidden.shard import ShardCancelled, capture_shard, writer_threads
 
     rid, writer = request["id"], capture.ranks.writer
     shard_log = logging.FileHandler(requests / f"{rid}.log") if writer else None
@@ -146,8 +149,10 @@ def _capture_request(request: dict, capture: CaptureBackend, requests: Path) -> 
         log.info("capturing %s into %s for job %s", request["tokens"], request["out"], request["pid"])
         samples = read_jsonl(request["tokens"])
         job_gone = lambda: not pid_alive(request["pid"])  # noqa: E731
+        settings = request["settings"]
+        settings = {**settings, "writer_threads": writer_threads(settings["writer_threads"], processes)}
         with reporting_full_disk(request["out"]):
-            index = capture_shard(samples, request["out"], capture, request["settings"], cancelled=job_gone)
+            index = capture_shard(samples, request["out"], capture, settings, cancelled=job_gone)
         outcome = {"status": "done", "samples": len(samples), "index": index is not None}
     except ShardCancelled as e:
         log.warning("%s", e)

@@ -4,7 +4,9 @@
 The shard's layout (layer numbering, parts, index) is `formats.hidden_shard`'s; the forward passes
 are a `backends.base.CaptureBackend`'s (`hf` or `sglang`). Parts are planned from the token counts
 before any forward pass, so a rerun after a kill, or after its job was cancelled, keeps every
-complete part and recomputes only the rest.
+complete part and recomputes only the rest. On the writer rank a part is encoded, compressed,
+checksummed and written by `PartWriter`'s threads while the next part's forward passes run, so the
+GPUs do not wait on the CPU (BENCHMARKS.md, "capture's CPU side").
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,11 +109,51 @@ def _resume(plan: _ShardPlan, ranks) -> tuple[list[bool], list[dict | None], lis
     return ranks.agree([done is not None for done in earlier]), earlier, checksums
 
 
-def _compute_part(plan: _ShardPlan, number: int, samples: list[dict], capture: CaptureBackend, settings: dict):
-    """Forward passes for one part; on the writer rank, write it. Returns (nonfinite ids, checksum)."""
-    states = capture_in_batches(capture, [s["input_ids"] for s in samples], settings["max_batch_tokens"])
-    if not capture.ranks.writer:
-        return [], None
+def writer_threads(setting: str | int, processes: int) -> int:
+    """`hidden_states.writer_threads`: a number, or `auto`, the cores this process may run on less one for
+    each capture process on the node (the forward passes' own)."""
+    if setting != "auto":
+        return int(setting)
+    return max(1, len(os.sched_getaffinity(0)) - processes)
+
+
+class PartWriter:
+    """The writer rank's CPU side: encodes, compresses, checksums and writes parts on `threads` threads, one
+    part each, while the caller computes the next part. A part waits for a free thread (so at most
+    `threads` + 1 parts' states are held), and a thread's error is raised at the next part or at
+    `results`. Leaving the block waits for the parts in flight, whose files are complete or absent
+    (each is written under a temporary name)."""
+
+    def __init__(self, threads: int):
+        self.threads = max(1, threads)
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="part-writer")
+        self._pending: deque[tuple[int, Future]] = deque()
+        self._done: dict[int, tuple] = {}
+
+    def __enter__(self) -> PartWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(wait=True)
+
+    def submit(self, number: int, write: Callable[..., tuple], *args) -> None:
+        while self._pending and (len(self._pending) >= self.threads or self._pending[0][1].done()):
+            self._collect()
+        self._pending.append((number, self._pool.submit(write, *args)))
+
+    def _collect(self) -> None:
+        number, future = self._pending.popleft()
+        self._done[number] = future.result()  # a writer's error, raised here
+
+    def results(self) -> dict[int, tuple]:
+        """Each written part's result, once every part in flight is written."""
+        while self._pending:
+            self._collect()
+        return self._done
+
+
+def _write_part(plan: _ShardPlan, number: int, samples: list[dict], states: list) -> tuple:
+    """On a writer thread: one part's NaN/Inf check, encoding and file. Returns (nonfinite ids, checksum)."""
     bad = [
         sid
         for sid, (aux, fin) in zip(plan.ids[number], states, strict=True)
@@ -170,46 +214,55 @@ def capture_shard(
     """Write `samples`' hidden states to `out_dir` (parts, then index.json), resuming a partial run.
 
     With tensor parallelism every rank calls this with the same samples, runs the same forward
-    passes, and only the writer rank writes and returns the index (the others return None).
-    `cancelled` is asked before each part and before the shard is moved into place (the writer's
-    answer holds on every rank); when it says yes, ShardCancelled is raised.
+    passes, and only the writer rank writes and returns the index (the others return None). The
+    writer writes the parts on `settings["writer_threads"]` threads beside the next part's forward
+    passes, a part a thread (`PartWriter`; `auto`: this process's cores less one). `cancelled` is asked before each
+    part and before the shard is moved into place (the writer's answer holds on every rank); when it
+    says yes, ShardCancelled is raised once the parts in flight are written.
     """
     out_dir = Path(out_dir)
     plan = _plan(samples, out_dir, capture, settings)
     kept, earlier, checksums = _resume(plan, capture.ranks)
-    nonfinite: list[str] = []
-    index_parts = []
+    written: dict[int, tuple] = {}
     started, computed_tokens = time.monotonic(), 0
     progress = Progress(len(samples), "samples", log)
-    for number, part in enumerate(plan.parts):
-        _check(cancelled, capture.ranks, out_dir)
-        part_samples = [samples[i] for i in part]
-        part_tokens = sum(plan.lengths[i] for i in part)
-        if kept[number]:
-            log.info("part %d: complete from an earlier run, kept", number)
-            bad = earlier[number]["nonfinite"] if capture.ranks.writer else []
-        else:
-            bad, checksums[number] = _compute_part(plan, number, part_samples, capture, settings)
-            computed_tokens += part_tokens
-        progress.advance(len(part), tokens=part_tokens)
-        if capture.ranks.writer:
-            nonfinite += bad
-            path = plan.paths[number]
-            index_parts.append(
-                {
-                    "file": path.name,
-                    "samples": len(part),
-                    "tokens": part_tokens,
-                    "bytes": path.stat().st_size,
-                    "raw_bytes": raw_size(path),
-                    ALGORITHM: checksums[number],
-                    "ids": plan.ids[number],
-                }
-            )
+    with PartWriter(writer_threads(settings["writer_threads"], processes=1)) as writer:
+        for number, part in enumerate(plan.parts):
+            _check(cancelled, capture.ranks, out_dir)
+            part_samples = [samples[i] for i in part]
+            part_tokens = sum(plan.lengths[i] for i in part)
+            if kept[number]:
+                log.info("part %d: complete from an earlier run, kept", number)
+            else:
+                states = capture_in_batches(
+                    capture, [s["input_ids"] for s in part_samples], settings["max_batch_tokens"]
+                )
+                if capture.ranks.writer:
+                    writer.submit(number, _write_part, plan, number, part_samples, states)
+                computed_tokens += part_tokens
+            progress.advance(len(part), tokens=part_tokens)
+        written = writer.results()
     progress.close()
     _check(cancelled, capture.ranks, out_dir)
     if not capture.ranks.writer:
         return None
+    nonfinite: list[str] = []
+    index_parts = []
+    for number, part in enumerate(plan.parts):
+        bad, checksum = written[number] if number in written else (earlier[number]["nonfinite"], checksums[number])
+        nonfinite += bad
+        path = plan.paths[number]
+        index_parts.append(
+            {
+                "file": path.name,
+                "samples": len(part),
+                "tokens": sum(plan.lengths[i] for i in part),
+                "bytes": path.stat().st_size,
+                "raw_bytes": raw_size(path),
+                ALGORITHM: checksum,
+                "ids": plan.ids[number],
+            }
+        )
     timing = {"seconds": round(time.monotonic() - started, 3), "tokens": computed_tokens}
     return _finish(plan, samples, out_dir, index_parts, nonfinite, settings, timing)
 

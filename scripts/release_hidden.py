@@ -1,0 +1,29 @@
+#!/usr/bin/env python
+"""Remove the parts of a partition's hidden-state shards once its exports and probes have read them.
+
+Run by the workflow's release_hidden rule (hidden_states.keep_shards: false, the default, and the partition
+has an export): each shard keeps its index.json and gains a released.json; the exports are the run's one copy
+of the states. Writes --out with the shards and the bytes freed.
+"""
+
+import logging
+
+from eagle3_datagen import cli
+from eagle3_datagen.formats.files import write_json
+from eagle3_datagen.formats.hidden_shard import release_parts
+
+
+def main() -> None:
+    p = cli.parser(__doc__, stage_settings=False)
+    p.add_argument("--hidden", nargs="+", required=True, help="the partition's hidden-state shard directories")
+    p.add_argument("--after", nargs="+", required=True, help="the outputs made from them (exports, probes)")
+    p.add_argument("--out", required=True, help="the record to write (JSON)")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    freed = {shard: release_parts(shard, args.after) for shard in args.hidden}
+    write_json(args.out, {"shards": freed, "bytes_freed": sum(freed.values()), "after": args.after})
+    logging.getLogger("release").info("removed the parts of %d shards: %d bytes freed", len(freed), sum(freed.values()))
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,293 @@
+"""What a run's hidden states take on disk, and which copy of them stays.
+
+Per partition: the tokens its samples hold (measured by the tokens stage's audits once they exist; before
+that an upper bound from the prompts: their bytes and the max tokens per turn, at most tokens.max_length
+a sample), the bytes of its shards and of each export (formats/storage.py), the most they take at once
+(shards and exports side by side) and what stays (the exports alone where the shards are released:
+`released_partitions`), and the free space of the filesystem each output goes to. The preflight checks
+a run's bytes with it before any job, without a plan; the plan prints them. Torch-free: the Snakefile
+imports it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from eagle3_datagen.formats import storage
+from eagle3_datagen.formats.checkpoint import text_config
+from eagle3_datagen.formats.files import iter_jsonl, read_json
+from eagle3_datagen.workflow.settings import (
+    DATASET,
+    baseline_partitions,
+    inference_backend,
+    prompt_partition,
+    shard_names,
+)
+
+RELEASED = "released.json"  # formats/hidden_shard.py's marker (that module imports torch)
+# Tokens per message and per prompt that a chat template adds around the text (role markers, a default
+# system prompt), beyond the text's own: the prompts' bound counts at most one token per byte of text.
+TEMPLATE_TOKENS_PER_MESSAGE = 32
+TEMPLATE_TOKENS_PER_PROMPT = 64
+
+
+def hidden_size(config: dict) -> int:
+    """The model's hidden size: its directory's config.json's, else `plan.model.hidden_size` (or the settings
+    of a demo's model that is not built yet)."""
+    path = Path(config["model"]["path"]) / "config.json"
+    model = text_config(config["model"]["path"]) if path.exists() else {}
+    if "hidden_size" in model:
+        return model["hidden_size"]
+    # no default: the model directory's config.json says it, or the demo's own settings
+    shape = config["plan"].get("model") or config.get("demo") or {}
+    if "hidden_size" not in shape:
+        raise FileNotFoundError(f"{path} does not give the model's hidden size: give plan.model.hidden_size instead")
+    return shape["hidden_size"]
+
+
+def stored_states(config: dict) -> storage.States:
+    """What the config's shards store, sized from the model's hidden size (`auto`: EAGLE-3's three auxiliary
+    layers)."""
+    spec = config["hidden_states"]["aux_layers"]
+    aux_layers = 3 if spec == "auto" else len(spec)
+    return storage.States.from_settings(config["hidden_states"], aux_layers, hidden_size(config))
+
+
+def exported_formats(config: dict, partition: str) -> list[str]:
+    """The exports made of a partition's shards: `export.formats`, or a baseline twin's SpecForge export
+    (the evaluate stage's)."""
+    return list(config["export"]["formats"]) if partition in config["partitions"] else ["specforge"]
+
+
+def released_partitions(config: dict) -> list[str]:
+    """The partitions whose shards' parts are removed once their exports and probes are done
+    (`hidden_states.keep_shards: false`): those with an export, which is then the one copy of the states."""
+    if config["hidden_states"]["keep_shards"]:
+        return []
+    partitions = [p for p in sorted(config["partitions"]) if config["export"]["formats"]]
+    return partitions + baseline_partitions(config)
+
+
+def hidden_readers(config: dict, partition: str) -> list[str]:
+    """What is made of a partition's shard parts: its probes and its exports (the report reads index.json only)."""
+    probes = [f"results/{partition}/probe/{s}.json" for s in shard_names(config, partition)]
+    exports = [f"results/{partition}/export/{fmt}" for fmt in exported_formats(config, partition)]
+    return (probes if partition in config["partitions"] else []) + exports
+
+
+@dataclass
+class Tokens:
+    """A partition's samples and their tokens, and how they are known."""
+
+    tokens: int
+    samples: int
+    basis: str  # measured | upper bound | estimate ...
+
+
+def measured_tokens(config: dict, partition: str, results: Path) -> Tokens | None:
+    """What the tokens stage wrote (its audits' counts), once every shard's exists."""
+    tokens = samples = 0
+    for shard in shard_names(config, partition):
+        path = results / partition / "tokens" / f"{shard}.audit.json"
+        if not path.is_file():
+            return None
+        counts = read_json(path)["counts"]
+        tokens += counts.get("tokens", 0)
+        samples += counts.get("samples_out", 0)
+    return Tokens(tokens, samples, "measured (token shards)")
+
+
+def max_turn_tokens(config: dict, partition: str) -> int:
+    """The most tokens one regenerated turn may have: the sampling's, the backend's own or its largest tier's."""
+    inference = config["inference"]
+    backend = inference_backend(config, partition)
+    limits = [inference["sampling"]["max_new_tokens"]]
+    section = inference.get(backend) or {}
+    if section.get("max_tokens"):
+        limits.append(section["max_tokens"])
+    limits += [tier["max_tokens"] for tier in (section.get("tiers") or {}).values() if tier.get("max_tokens")]
+    return max(limits)
+
+
+def bounded_tokens(config: dict, partition: str, results: Path) -> Tokens | None:
+    """An upper bound on the tokens of a partition's samples, from its prompt shards (None before they
+    exist): each sample at most tokens.max_length, and at most one token per byte of the prompt's text
+    and tools (a byte-level tokenizer's tokens are each at least one byte), the template's own tokens, and
+    the max tokens of every regenerated turn (a row's user turns and recorded tool-call turns; a
+    `dataset` twin's turns are the records' own, bounded by max_length alone)."""
+    max_length = config["tokens"]["max_length"]
+    every_turn = config["tokens"]["thinking"] == "keep_all"  # one sample per assistant turn
+    per_turn = max_turn_tokens(config, partition)
+    own_answers = inference_backend(config, partition) == DATASET
+    tokens = samples = 0
+    for shard in shard_names(config, partition):
+        path = results / prompt_partition(partition) / "prompts" / f"{shard}.jsonl.zst"
+        if not path.is_file():
+            return None
+        for _, prompt in iter_jsonl(path):
+            messages = prompt["messages"]
+            # a user turn is answered, and a recorded tool call answered again after its result
+            turns = sum(m["role"] == "user" or bool(m.get("tool_calls")) for m in messages)
+            text = sum(len(orjson.dumps(m)) for m in messages) + len(orjson.dumps(prompt.get("tools") or []))
+            template = TEMPLATE_TOKENS_PER_PROMPT + TEMPLATE_TOKENS_PER_MESSAGE * (len(messages) + turns)
+            sample = max_length if own_answers else min(max_length, text + template + turns * per_turn)
+            count = max(1, turns) if every_turn else 1
+            tokens += count * sample
+            samples += count
+    return Tokens(tokens, samples, "upper bound (prompts, max tokens per turn)")
+
+
+def observed_shard_ratio(
+    results: Path, dtype: str, compress: str, level: int, partition: str | None = None
+) -> tuple[float, str]:
+    """On-disk over raw bytes of the finished shards stored as `dtype` and `compress` at `level` (released
+    ones too: their index.json stays): the partition's own, else every partition's, else the assumed one."""
+    if compress == "none":
+        return 1.0, "uncompressed"
+    where = [("*/hidden/*/index.json", "observed on finished shards")]
+    if partition is not None:
+        where.insert(0, (f"{partition}/hidden/*/index.json", "observed on the partition's finished shards"))
+    for pattern, basis in where:
+        on_disk = raw = 0
+        for path in results.glob(pattern):
+            index = read_json(path)
+            stored = index.get("compress") or {}
+            if (index["dtype"], stored.get("codec", "none"), stored.get("level", level)) == (dtype, compress, level):
+                on_disk += index.get("bytes", 0)
+                raw += index.get("raw_bytes", 0)
+        if raw:
+            return on_disk / raw, basis
+    return storage.assumed_shard_ratio(dtype, compress, level), "assumed"
+
+
+def observed_gzip_ratio(results: Path, states: storage.States) -> tuple[float, str]:
+    """On-disk over raw bytes of finished gzipped SpecForge rows, else the assumed one."""
+    on_disk = raw = 0
+    for path in results.glob("*/export/specforge/export.json"):
+        rows = read_json(path).get("rows") or {}
+        if rows.get("compress") == "gzip":
+            on_disk += rows["bytes"]
+            raw += rows["raw_bytes"]
+    if raw:
+        return on_disk / raw, "observed on finished exports"
+    return states.assumed_gzip_ratio(), "assumed"
+
+
+@dataclass
+class PartitionBytes:
+    """A partition's outputs of the states on disk: its shards, each export, at most at once and at the end."""
+
+    partition: str
+    tokens: Tokens
+    bf16: int  # the states' bytes in bf16: what one copy is measured against
+    shards: int
+    exports: dict[str, int]
+    released: bool  # the shards' parts are removed once the exports are done
+    basis: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        return self.shards + sum(self.exports.values())
+
+    @property
+    def end(self) -> int:
+        return sum(self.exports.values()) + (0 if self.released else self.shards)
+
+    def as_dict(self) -> dict:
+        return {
+            "partition": self.partition,
+            "tokens": self.tokens.tokens,
+            "samples": self.tokens.samples,
+            "tokens_basis": self.tokens.basis,
+            "bf16_bytes": self.bf16,
+            "shard_bytes": self.shards,
+            "export_bytes": self.exports,
+            "peak_bytes": self.peak,
+            "end_bytes": self.end,
+            "shards_released": self.released,
+            "basis": self.basis,
+        }
+
+
+def partition_bytes(config: dict, partition: str, tokens: Tokens, results: Path) -> PartitionBytes:
+    """The bytes of a partition's shards and exports for `tokens`, compressed at the observed or assumed ratios."""
+    states = stored_states(config)
+    hidden = config["hidden_states"]
+    ratio, ratio_basis = observed_shard_ratio(
+        results, hidden["dtype"], hidden["compress"], hidden["compress_level"], partition
+    )
+    per_token = storage.shard_bytes_per_token(
+        states.dtype, states.scales, states.scale_block, states.aux_layers, states.hidden_size
+    )
+    parts = math.ceil(tokens.tokens * per_token / hidden["shard_bytes"]) + len(shard_names(config, partition))
+    basis = [f"shards: {states.dtype} {hidden['compress']} x {ratio:.3f} ({ratio_basis})"]
+    exports = {}
+    for fmt in exported_formats(config, partition):
+        gzip_ratio = None
+        if fmt == "specforge" and config["export"]["specforge"]["compress"] == "gzip":
+            gzip_ratio, gzip_basis = observed_gzip_ratio(results, states)
+            basis.append(f"specforge: gzip x {gzip_ratio:.3f} ({gzip_basis})")
+        exports[fmt] = states.export_bytes(fmt, tokens.tokens, tokens.samples, gzip_ratio)
+    return PartitionBytes(
+        partition=partition,
+        tokens=tokens,
+        bf16=tokens.tokens * states.bf16_bytes_per_token,
+        shards=states.shard_bytes(tokens.tokens, tokens.samples, parts, ratio, len(shard_names(config, partition))),
+        exports=exports,
+        released=partition in released_partitions(config),
+        basis=basis,
+    )
+
+
+def existing_bytes(path: Path) -> int:
+    """Bytes of the files under `path` (0 when it does not exist): what a job that rewrites it frees first."""
+    if not path.exists():
+        return 0
+    if path.is_file():
+        return path.stat().st_size
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+
+
+def filesystem(path: Path) -> tuple[int, Path]:
+    """(device, mount point) of the filesystem `path` is or will be written to."""
+    existing = path.resolve()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    mount = existing
+    while not os.path.ismount(mount):
+        mount = mount.parent
+    return os.stat(existing).st_dev, mount
+
+
+@dataclass
+class FilesystemNeed:
+    """The bytes a run writes onto one filesystem, against what is free there."""
+
+    where: Path
+    free: int
+    needed: int = 0
+    partitions: list[str] = field(default_factory=list)
+
+    @property
+    def exceeded(self) -> bool:
+        return self.needed > self.free
+
+
+def needs_by_filesystem(writes: list[tuple[str, Path, int]]) -> list[FilesystemNeed]:
+    """`writes` (partition, output path, bytes) grouped by the filesystem each path goes to."""
+    found: dict[int, FilesystemNeed] = {}
+    for partition, path, size in writes:
+        device, existing = filesystem(path)
+        if device not in found:
+            found[device] = FilesystemNeed(existing, shutil.disk_usage(existing).free)
+        need = found[device]
+        need.needed += size
+        if partition not in need.partitions:
+            need.partitions.append(partition)
+    return list(found.values())
