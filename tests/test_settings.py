@@ -132,6 +132,8 @@ def changed(value, schema: dict):
         return value - 1 if value + 1 > schema.get("maximum", value + 1) else value + 1
     if isinstance(value, (int, float)):
         return 0.5 if value == 0 else value / 2
+    if isinstance(value, str) and schema.get("pattern", "").startswith("^[0-9]{4}-"):  # a date
+        return "2000-01-02" if value == "2000-01-01" else "2000-01-01"
     if isinstance(value, str):
         return [1, 2] if "oneOf" in schema else value + "X"  # aux_layers: auto or a list
     if isinstance(value, list):
@@ -152,6 +154,7 @@ def coverage_config(hidden_backend: str) -> dict:
     config["partitions"]["cov_openrouter"] = {**alpaca, "shards": 1, "backend": "openrouter"}
     config["partitions"]["cov_sglang"] = {**alpaca, "shards": 1, "backend": "sglang"}
     retry = {"max_attempts": 8, "initial_backoff": 1.0, "max_backoff": 60.0, "max_retry_after": 600.0}
+    config["model"].update(family="auto", chat_template_date="2026-01-01")
     config["model"]["special_tokens"] = {
         "end_of_turn": "auto",
         "think_start": "<think>",
