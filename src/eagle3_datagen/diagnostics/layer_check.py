@@ -26,7 +26,6 @@ import torch
 
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
-from eagle3_datagen.stages.export.specforge import specforge_sample_path
 
 # A stored slot agrees with the independent capture within storage precision (bf16: about 0.4% relative
 # error, fp8 with scales a few percent); a wrong layer or a missing norm is far outside it.
@@ -129,11 +128,10 @@ def stored_slots(hidden_dir: Path, exports: dict[str, Path], ids: list[str], exp
             if sid not in rows:
                 continue  # held out of the exports
             if fmt == "specforge":
-                path = export / specforge_sample_path(rows[sid])
-                if path.exists():
-                    row = torch.load(path, weights_only=True)
-                else:  # export.specforge.compress: gzip
-                    row = torch.load(io.BytesIO(gzip.decompress(Path(f"{path}.gz").read_bytes())), weights_only=True)
+                # one file a sample in ids.jsonl's order, gzipped under export.specforge.compress: gzip
+                path = sorted(p for p in export.glob("rows_*/*") if p.name.endswith((".ckpt", ".ckpt.gz")))[rows[sid]]
+                data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+                row = torch.load(io.BytesIO(data), weights_only=True)
                 aux, final = row["aux_hidden_state"][0], row["hidden_state"][0]
                 slots += _slots("specforge export", aux, final, expected_aux, "normed")
             else:
