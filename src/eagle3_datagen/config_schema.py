@@ -1,4 +1,4 @@
-"""The workflow's config schema (`schemas/config.schema.yaml`): the one place each setting is said, with
+"""The workflow's config schema (`config.schema.yaml`, shipped in the package): the one place each setting is said, with
 its `default`, its `description` and its kind (`x-kind`: `output` shapes a stage's output, `run` governs
 only how its jobs run). The rest of the package reads defaults and kinds from here, never its own copy.
 """
@@ -11,9 +11,8 @@ from pathlib import Path
 
 import yaml
 
-# The package is installed editable from its workflow directory (`make install`, `-e ..` in envs/*.yaml),
-# so the schema the Snakefile validates with is this one.
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+# The Snakefile validates with this file too, so the package and the workflow read one schema.
+SCHEMA_PATH = Path(__file__).resolve().with_name("config.schema.yaml")
 KIND = "x-kind"
 
 

@@ -50,9 +50,9 @@ from eagle3_datagen.formats.service_loads import NAME as LOADS
 from eagle3_datagen.formats.service_loads import read_loads
 from eagle3_datagen.workflow.settings import inference_backend
 
-# What the smoke directory links to in the workflow's: what a run reads there (rules, scripts, schemas, its
+# What the smoke directory links to in the workflow's: what a run reads there (rules, scripts, its
 # conda envs, report captions, bundled resources, profiles and the links that name them, shipped configs).
-LINKED = ["Snakefile", "rules", "schemas", "scripts", "envs", "report", "resources", "profiles", "config"]
+LINKED = ["Snakefile", "rules", "scripts", "envs", "report", "resources", "profiles", "config"]
 PROFILE_LINKS = ["gpu", "local", "slurm"]
 MARKER = ".eagle3-datagen-smoke"  # a smoke directory, which the next smoke run may empty
 MIN_AGREEMENT = 0.98

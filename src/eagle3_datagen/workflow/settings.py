@@ -64,7 +64,7 @@ OUTPUT = "output"  # shapes the stage's output: in the rule's params, so a chang
 RUN = "run"  # governs only how the job runs: read at run time, a change reschedules nothing
 
 # Every config key's kind, by its path in the schema (`*`: any partition's name): each key's `x-kind`
-# in schemas/config.schema.yaml, where a key without one fails tests/test_settings.py.
+# in config.schema.yaml, where a key without one fails tests/test_settings.py.
 KINDS: dict[str, str] = config_schema.kinds()
 
 
@@ -75,7 +75,7 @@ def kind_of(path: str) -> str:
         parts[1] = "*"
     key = ".".join(parts)
     if key not in KINDS:
-        raise KeyError(f"config key {key!r} has no x-kind in schemas/config.schema.yaml")
+        raise KeyError(f"config key {key!r} has no x-kind in config.schema.yaml")
     return KINDS[key]
 
 
