@@ -3,6 +3,7 @@
 import os
 import re
 
+from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, SERVED_RESPONSE_RULE
 from eagle3_datagen.workflow import disk
 from eagle3_datagen.workflow import job_resources as jr
 from eagle3_datagen.workflow import settings as wf
@@ -161,7 +162,7 @@ RESPONSE_SETTINGS = {
     p: wf.as_json(wf.response_settings(config, p)) for p in ALL_PARTITIONS
 }
 RESPONSE_GPUS = {p: wf.gpus_for(config, "responses", p) for p in ALL_PARTITIONS}
-# The shard jobs of these partitions share the node's launched SGLang server.
+# The shard jobs of these partitions share the node's launched server (their backend's node service).
 SERVER_PARTITIONS = [
     p for p in ALL_PARTITIONS if wf.served_by_launched_server(config, p)
 ]
@@ -174,8 +175,7 @@ DATASET_SOURCES = {
 }
 SERVER_LOG = "logs/sglang_server/server.log"
 HIDDEN_GPUS = wf.gpus_for(config, "hidden_states")
-HIDDEN_SGLANG = config["hidden_states"]["backend"] == "sglang"
-HIDDEN_ENV = "../envs/sglang.yaml" if HIDDEN_SGLANG else "../envs/cpu.yaml"
+HIDDEN_ENV = f"../envs/{CAPTURE[config['hidden_states']['backend']].env}.yaml"
 # Where each job goes under SLURM (resources.slurm: partition, QoS, account): a CPU job's, and per partition a
 # responses job's (a GPU one's where its backend runs on the node's GPUs). Every rule asks for these; the sizes
 # of jobs other than the heavy rules' below come from the profile's default-resources.
@@ -198,13 +198,13 @@ def gpu_group(name, rule):
     return group
 
 
-GENERATION_GROUP = gpu_group("generation", "responses_sglang_server")
+GENERATION_GROUP = gpu_group("generation", SERVED_RESPONSE_RULE)
 CAPTURE_GROUP = gpu_group("capture", "hidden_states")
 # What the heavy rules' cluster jobs ask for, their partition, QoS and account included.
 JOB_RESOURCES = {
     "hidden_states": wf.cluster_job(config, "hidden_states", HIDDEN_GPUS),
-    "responses_sglang_server": wf.cluster_job(
-        config, "responses_sglang_server", config["resources"]["gpus_per_node"]
+    SERVED_RESPONSE_RULE: wf.cluster_job(
+        config, SERVED_RESPONSE_RULE, config["resources"]["gpus_per_node"]
     ),
 }
 # The exporters name the draft vocabulary the workflow builds (results/vocab) and its size; the
@@ -219,7 +219,7 @@ PROBE_SETTINGS = {p: wf.as_json(wf.probe_settings(config, p)) for p in PARTITION
 # Per format, the export settings that shape it (a change to SpecForge's compression reruns only its exports).
 EXPORT_SETTINGS = {
     fmt: wf.as_json(wf.export_settings(config, fmt))
-    for fmt in ("specforge", "speculators")
+    for fmt in config["export"]["formats"]
 }
 # With hidden_states.keep_shards: false (the default), a partition with an export keeps only its shards'
 # index.json once its exports and probes are done (`release_hidden` in rules/hidden.smk), so that the exports
@@ -273,10 +273,9 @@ def get_response_inputs(wildcards):
 
 
 def get_conda_env(wildcards):
-    """The env of the partition's inference backend's rule family."""
-    backend = wf.inference_backend(config, wildcards.partition)
-    cpu = ("hf", wf.DATASET)
-    return "../envs/cpu.yaml" if backend in cpu else f"../envs/{backend}.yaml"
+    """The env of the partition's inference backend."""
+    backend = GENERATION[wf.inference_backend(config, wildcards.partition)]
+    return f"../envs/{backend.env}.yaml"
 
 
 def get_probe_settings(wildcards):

@@ -42,6 +42,11 @@ def _check_completion(body: dict) -> None:
 class OpenRouterBackend:
     name = "openrouter"
 
+    @classmethod
+    def for_job(cls, settings: dict, server_alive=None) -> OpenRouterBackend:
+        """The backend a responses job's settings (plugins.GenerationBackend) configure."""
+        return cls(settings["sampling"], settings["openrouter"])
+
     def __init__(self, sampling: dict, settings: dict):
         key_env = settings["api_key_env"]
         key = os.environ.get(key_env)

@@ -13,14 +13,11 @@ import os
 from pathlib import Path
 
 from eagle3_datagen import config_schema
+from eagle3_datagen.backends.plugins import CAPTURE, DATASET, GENERATION, SERVED_RESPONSE_RULE
 from eagle3_datagen.formats import sources
 from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import SOURCE_SUFFIXES, InputError
 
-BACKENDS = ("hf", "sglang", "openrouter", "dataset")
-GPU_BACKENDS = ("sglang",)
-ID_BACKENDS = ("hf", "sglang")  # backends that return the generated token IDs
-DATASET = "dataset"  # the backend that answers each prompt with its record's own assistant turns
 BASELINE_SUFFIX = "+original"
 
 
@@ -172,8 +169,8 @@ def response_run_settings(config: dict) -> dict:
     """What governs a responses job, for every backend (a job reads its own backend's), the GPUs a
     launched server's job step asks for under SLURM, and how it waits for their memory."""
     inference = config["inference"]
-    # openrouter has settings without a default: absent where no partition uses it
-    run = {b: split(inference.get(b), f"inference.{b}")[1] for b in BACKENDS}
+    # a section without defaults (openrouter's) is absent where no partition uses it
+    run = {b.name: split(b.settings(config), b.section)[1] for b in GENERATION.values() if b.section}
     return {
         "token_budget": inference.get("token_budget"),  # absent: no budget
         "max_failed_rate": inference["max_failed_rate"],
@@ -185,8 +182,9 @@ def response_run_settings(config: dict) -> dict:
 
 
 def served_by_launched_server(config: dict, partition: str) -> bool:
-    """Partitions whose responses come from the SGLang server the workflow launches for them."""
-    return inference_backend(config, partition) == "sglang" and "launch" in config["inference"]["sglang"]
+    """Partitions whose responses come from a server the workflow launches for them (their backend's
+    node service)."""
+    return GENERATION[inference_backend(config, partition)].served(config)
 
 
 def token_settings(config: dict) -> dict:
@@ -197,7 +195,7 @@ def hidden_settings(config: dict) -> dict:
     """What shapes hidden states; of the backends' own sections, only the configured backend's."""
     hidden = dict(config["hidden_states"])
     backend = hidden["backend"]
-    for other in ("hf", "sglang"):
+    for other in CAPTURE:
         if other != backend:
             hidden.pop(other, None)
     return {"hidden_states": split(hidden, "hidden_states")[0], "model": model_settings(config)}
@@ -217,7 +215,7 @@ def probe_settings(config: dict, partition: str) -> dict:
     """The probe's thresholds, and whether the partition's data is greedy with exact output IDs."""
     backend = inference_backend(config, partition)
     greedy_exact = (
-        backend in ID_BACKENDS
+        GENERATION[backend].token_ids
         and sampling_for(config, backend)["temperature"] == 0.0
         and config["tokens"]["prefer_ids"] == "server"
     )
@@ -230,8 +228,10 @@ def probe_settings(config: dict, partition: str) -> dict:
 
 
 def export_settings(config: dict, fmt: str) -> dict:
-    """What shapes an export of `fmt` beyond its inputs: SpecForge's rows' compression (speculators: nothing)."""
-    return {"specforge": split(config["export"]["specforge"], "export.specforge")[0]} if fmt == "specforge" else {}
+    """What shapes an export of `fmt` beyond its inputs: its own section, `export.<fmt>` (SpecForge's rows'
+    compression; speculators has none: nothing)."""
+    own = config["export"].get(fmt)
+    return {fmt: split(own, f"export.{fmt}")[0]} if own is not None else {}
 
 
 def probe_run_settings(config: dict) -> dict:
@@ -261,12 +261,8 @@ def merged(settings: dict, run: dict) -> dict:
 
 def uses_gpu(config: dict, stage: str, partition: str | None = None) -> bool:
     if stage == "responses":
-        backend = inference_backend(config, partition)
-        if backend in GPU_BACKENDS:
-            return True
-        return backend == "hf" and config["inference"]["hf"]["device"] == "cuda"
-    hidden = config["hidden_states"]
-    return hidden["backend"] in GPU_BACKENDS or hidden["hf"]["device"] == "cuda"
+        return GENERATION[inference_backend(config, partition)].uses_gpu(config)
+    return CAPTURE[config["hidden_states"]["backend"]].uses_gpu(config)
 
 
 def gpus_for(config: dict, stage: str, partition: str | None = None) -> int:
@@ -276,7 +272,7 @@ def gpus_for(config: dict, stage: str, partition: str | None = None) -> int:
 
 # What the GPU stages' jobs start on their node (their node service) and so launch themselves, a process
 # per GPU: the slurm plugin's name for such a job's launcher.
-LAUNCHERS = {"hidden_states": "torchrun", "responses_sglang_server": "sglang.launch_server"}
+LAUNCHERS = {"hidden_states": "torchrun", SERVED_RESPONSE_RULE: "sglang.launch_server"}
 
 
 def slurm_resources(config: dict, gpus: int) -> dict:

@@ -26,6 +26,11 @@ class HFBackend:
 
     name = "hf"
 
+    @classmethod
+    def for_job(cls, settings: dict, server_alive=None) -> HFBackend:
+        """The backend a responses job's settings (plugins.GenerationBackend) configure."""
+        return cls(settings["model"]["path"], settings["sampling"], settings["hf"], settings["model"])
+
     def __init__(self, model_path: str | Path, sampling: dict, settings: dict, model_settings: dict):
         self.model = Path(model_path).name
         self.chat = RenderedChat(model_path, model_settings)

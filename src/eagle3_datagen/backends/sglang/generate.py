@@ -58,6 +58,12 @@ def _check_generation(body: dict) -> None:
 class SGLangBackend:
     name = "sglang"
 
+    @classmethod
+    def for_job(cls, settings: dict, server_alive=None) -> SGLangBackend:
+        """The backend a responses job's settings (plugins.GenerationBackend) configure; `server_alive`:
+        whether the server this job launched still runs (None: not launched here)."""
+        return cls(settings["model"]["path"], settings["sampling"], settings["sglang"], settings["model"], server_alive)
+
     def __init__(
         self,
         model_path: str | Path,
