@@ -9,7 +9,7 @@ from eagle3_datagen.backends.service.lease import request_stop
 from eagle3_datagen.config_schema import SCHEMA_PATH, fill_defaults
 from eagle3_datagen.workflow import canary, cluster_fit, preflight
 from eagle3_datagen.workflow.config_errors import describe
-from eagle3_datagen.workflow.settings import config_problems
+from eagle3_datagen.workflow.config_checks import config_problems
 
 min_version("9.0")
 

@@ -361,7 +361,7 @@ def test_flipped_bytes_in_a_part_stop_every_reader(tmp_path, head, raw_capture, 
 
 def test_config_validation_refuses_what_no_reader_takes(tmp_path):
     from eagle3_datagen.config_schema import fill_defaults
-    from eagle3_datagen.workflow.settings import storage_problems
+    from eagle3_datagen.workflow.config_checks import storage_problems
 
     config = fill_defaults(yaml.safe_load((REPO / "config.yaml").read_text()))
     assert storage_problems(config) == []

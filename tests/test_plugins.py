@@ -17,6 +17,8 @@ from eagle3_datagen.backends.plugins import (
 )
 from eagle3_datagen.formats.datasets import LAYOUTS
 from eagle3_datagen.stages.export import EXPORTS
+from eagle3_datagen.workflow import partitions as parts
+from eagle3_datagen.workflow import placement
 from eagle3_datagen.workflow import settings as wf
 
 from .conftest import REPO
@@ -87,8 +89,8 @@ def test_the_workflow_reads_each_backends_needs_from_its_entry():
         )
         changed["inference"]["sglang"].setdefault("url", "http://127.0.0.1:30000")
         gpus = config["resources"]["gpus_per_node"] if entry.uses_gpu(changed) else 0
-        assert wf.gpus_for(changed, "responses", partition) == gpus
-        assert wf.served_by_launched_server(changed, partition) == (name == "sglang")
+        assert placement.gpus_for(changed, "responses", partition) == gpus
+        assert parts.served_by_launched_server(changed, partition) == (name == "sglang")
         assert entry.rule(changed) == (SERVED_RESPONSE_RULE if name == "sglang" else RESPONSE_RULE)
         assert wf.probe_settings(changed, partition)["backend"] == name
     hf = copy.deepcopy(config)

@@ -49,7 +49,7 @@ from eagle3_datagen.formats.files import InputError, read_json, write_json
 from eagle3_datagen.formats.measured_rates import write_rates
 from eagle3_datagen.formats.service_loads import NAME as LOADS
 from eagle3_datagen.formats.service_loads import read_loads
-from eagle3_datagen.workflow.settings import inference_backend
+from eagle3_datagen.workflow.partitions import inference_backend
 
 # What the smoke directory links to in the workflow's: what a run reads there (rules, scripts, its
 # conda envs, report captions, bundled resources, profiles and the links that name them, shipped configs).

@@ -35,13 +35,13 @@ from eagle3_datagen.formats.files import iter_jsonl, read_json
 from eagle3_datagen.formats.measured_rates import RATES, read_rates
 from eagle3_datagen.formats.service_loads import read_loads
 from eagle3_datagen.workflow import disk
-from eagle3_datagen.workflow.settings import (
+from eagle3_datagen.workflow.partitions import (
     inference_backend,
     prompt_partition,
-    sampling_for,
     served_by_launched_server,
     shard_names,
 )
+from eagle3_datagen.workflow.settings import sampling_for
 
 
 class ScheduledJob(NamedTuple):

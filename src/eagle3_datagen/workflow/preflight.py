@@ -28,7 +28,7 @@ from pathlib import Path
 
 from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, RESPONSE_RULES, SERVED_RESPONSE_RULE
 from eagle3_datagen.workflow import disk
-from eagle3_datagen.workflow.settings import inference_backend, shard_names
+from eagle3_datagen.workflow.partitions import inference_backend, shard_names
 
 # Rules whose jobs read nothing of the model: the prompts (one rule per partition), the reports, and
 # the demo's model builder (which makes it).
