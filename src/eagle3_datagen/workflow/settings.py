@@ -65,20 +65,25 @@ def _is_leaf(path: str) -> bool:
     return True
 
 
+# Partition keys that are not the prompts rule's params: the responses' backend (response_settings), and the
+# shard count, which the rule's outputs' names carry.
+NOT_PROMPT_KEYS = ("backend", "shards")
+PARTITION_KEYS = [path.removeprefix("partitions.*.") for path in KINDS if path.startswith("partitions.*.")]
+
+
 def prompt_settings(config: dict, partition: str, commit: str | None = None) -> dict:
-    """The prompts rule's settings: every key that shapes the partition's prompts.
+    """The prompts rule's settings: the partition's output-shaping keys (a key not set: None), as `split`
+    sorts every section's.
 
     A glob's, a directory's or a hub dataset's `source` is here, as no single input file names it (a file
     source is the rule's input: None here); a hub dataset's `commit` (its revision resolved from the cache,
     source_commits) too, so a new one reruns the partition.
     """
     part = config["partitions"][partition]
+    keys = [key for key in PARTITION_KEYS if key not in NOT_PROMPT_KEYS]
+    own = split({key: part.get(key) for key in keys}, f"partitions.{partition}")[0]
     return {
-        "format": part["format"],
-        # not set: None (no system prompt, no cap on prompts, the source's own subset, split and revision)
-        **{key: part.get(key) for key in ("system_prompt", "max_prompts", "subset", "split", "revision")},
-        "max_bad_record_rate": part["max_bad_record_rate"],
-        "allow_empty": part["allow_empty"],
+        **own,
         "source": None if source_is_input(part["source"]) else part["source"],
         "commit": commit,
         "drop_shared_with": earlier_partitions(config, partition),
