@@ -52,6 +52,51 @@ def kinds() -> dict[str, str]:
     return {path: node[KIND] for path, node in leaf_keys().items() if KIND in node}
 
 
+OUTPUT = "output"  # shapes the stage's output: in the rule's params, so a change reruns the stage
+RUN = "run"  # governs only how the job runs: read at run time, a change reschedules nothing
+
+# Every config key's kind, by its path in the schema (`*`: any partition's name): each key's `x-kind`
+# in config.schema.yaml, where a key without one fails tests/test_settings.py.
+KINDS: dict[str, str] = kinds()
+
+
+def kind_of(path: str) -> str:
+    """The kind of the config key at dotted `path` (a partition's name in place of `*`)."""
+    parts = path.split(".")
+    if parts[0] == "partitions" and len(parts) > 2:
+        parts[1] = "*"
+    key = ".".join(parts)
+    if key not in KINDS:
+        raise KeyError(f"config key {key!r} has no x-kind in config.schema.yaml")
+    return KINDS[key]
+
+
+def split(section: dict | None, path: str) -> tuple[dict, dict]:
+    """`section` (the config at dotted `path`) as its output-shaping and its run-only settings."""
+    output, run = {}, {}
+    for key, value in (section or {}).items():
+        sub = f"{path}.{key}"
+        if isinstance(value, dict) and not _is_leaf(sub):
+            out_part, run_part = split(value, sub)
+            if out_part:
+                output[key] = out_part
+            if run_part:
+                run[key] = run_part
+        elif kind_of(sub) == OUTPUT:
+            output[key] = value
+        else:
+            run[key] = value
+    return output, run
+
+
+def _is_leaf(path: str) -> bool:
+    try:
+        kind_of(path)
+    except KeyError:
+        return False
+    return True
+
+
 def fill_defaults(instance: dict, path: str = "") -> dict:
     """`instance` (the config, or its section at dotted `path`) with every absent key that has a schema
     `default` set to a copy of it, in place, in every object the instance has or gains: partitions and

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from eagle3_datagen import config_schema
 from eagle3_datagen.backends.plugins import CAPTURE, DATASET, GENERATION
+from eagle3_datagen.config_schema import KINDS, OUTPUT, RUN, kind_of, split  # noqa: F401  (the rules read them here)
 from eagle3_datagen.workflow.partitions import (
     earlier_partitions,
     inference_backend,
@@ -19,51 +19,6 @@ from eagle3_datagen.workflow.partitions import (
     source_is_input,
 )
 from eagle3_datagen.workflow.placement import gpus_for
-
-OUTPUT = "output"  # shapes the stage's output: in the rule's params, so a change reruns the stage
-RUN = "run"  # governs only how the job runs: read at run time, a change reschedules nothing
-
-# Every config key's kind, by its path in the schema (`*`: any partition's name): each key's `x-kind`
-# in config.schema.yaml, where a key without one fails tests/test_settings.py.
-KINDS: dict[str, str] = config_schema.kinds()
-
-
-def kind_of(path: str) -> str:
-    """The kind of the config key at dotted `path` (a partition's name in place of `*`)."""
-    parts = path.split(".")
-    if parts[0] == "partitions" and len(parts) > 2:
-        parts[1] = "*"
-    key = ".".join(parts)
-    if key not in KINDS:
-        raise KeyError(f"config key {key!r} has no x-kind in config.schema.yaml")
-    return KINDS[key]
-
-
-def split(section: dict | None, path: str) -> tuple[dict, dict]:
-    """`section` (the config at dotted `path`) as its output-shaping and its run-only settings."""
-    output, run = {}, {}
-    for key, value in (section or {}).items():
-        sub = f"{path}.{key}"
-        if isinstance(value, dict) and not _is_leaf(sub):
-            out_part, run_part = split(value, sub)
-            if out_part:
-                output[key] = out_part
-            if run_part:
-                run[key] = run_part
-        elif kind_of(sub) == OUTPUT:
-            output[key] = value
-        else:
-            run[key] = value
-    return output, run
-
-
-def _is_leaf(path: str) -> bool:
-    try:
-        kind_of(path)
-    except KeyError:
-        return False
-    return True
-
 
 # Partition keys that are not the prompts rule's params: the responses' backend (response_settings), and the
 # shard count, which the rule's outputs' names carry.
