@@ -133,71 +133,34 @@ GENERATION: Registry[GenerationBackend] = Registry("generation backend")
 CAPTURE: Registry[CaptureBackend] = Registry("capture backend")
 
 
-def _register(registry: Registry, entry) -> None:
-    registry.register(entry.name)(entry)
-
-
-_register(
-    GENERATION,
-    GenerationBackend(
-        name="hf",
-        section="inference.hf",
-        implementation="eagle3_datagen.backends.hf.generate:HFBackend.for_job",
-        env="cpu",
-        token_ids=True,
-        on_node=True,
-        in_process=True,
-        gpu=_on_cuda,
-    ),
-)
-_register(
-    GENERATION,
-    GenerationBackend(
-        name="sglang",
-        section="inference.sglang",
-        implementation="eagle3_datagen.backends.sglang.generate:SGLangBackend.for_job",
-        env="sglang",
-        token_ids=True,
-        on_node=True,
-        gpu=_always,
-        node_service=lambda section: "launch" in section,
-        service="eagle3_datagen.backends.sglang.server:service_for_job",
-        imports="sglang",
-    ),
-)
-_register(
-    GENERATION,
-    GenerationBackend(
-        name="openrouter",
-        section="inference.openrouter",
-        implementation="eagle3_datagen.backends.openrouter:OpenRouterBackend.for_job",
-        env="openrouter",
-        priced=True,
-    ),
-)
 # The records' own assistant turns (the baseline partitions' backend): nothing is generated.
 DATASET = "dataset"
-_register(GENERATION, GenerationBackend(name=DATASET, section=None, implementation=None, env="cpu"))
 
-_register(
-    CAPTURE,
-    CaptureBackend(
-        name="hf",
-        section="hidden_states.hf",
-        implementation="eagle3_datagen.backends.hf.capture:HFCapture.for_job",
-        env="cpu",
-        gpu=_on_cuda,
+for generation in (
+    GenerationBackend(
+        "hf", "inference.hf", "eagle3_datagen.backends.hf.generate:HFBackend.for_job", "cpu",
+        token_ids=True, on_node=True, in_process=True, gpu=_on_cuda,
     ),
-)
-_register(
-    CAPTURE,
-    CaptureBackend(
-        name="sglang",
-        section="hidden_states.sglang",
-        implementation="eagle3_datagen.backends.sglang.capture:capture_for_job",
-        env="sglang",
-        gpu=_always,
-        tensor_parallel=True,
-        imports="sglang",
+    GenerationBackend(
+        "sglang", "inference.sglang", "eagle3_datagen.backends.sglang.generate:SGLangBackend.for_job", "sglang",
+        token_ids=True, on_node=True, gpu=_always, node_service=lambda section: "launch" in section,
+        service="eagle3_datagen.backends.sglang.server:service_for_job", imports="sglang",
     ),
-)
+    GenerationBackend(
+        "openrouter", "inference.openrouter", "eagle3_datagen.backends.openrouter:OpenRouterBackend.for_job",
+        "openrouter", priced=True,
+    ),
+    GenerationBackend(DATASET, None, None, "cpu"),
+):
+    GENERATION.register(generation.name)(generation)
+
+for capture in (
+    CaptureBackend(
+        "hf", "hidden_states.hf", "eagle3_datagen.backends.hf.capture:HFCapture.for_job", "cpu", gpu=_on_cuda
+    ),
+    CaptureBackend(
+        "sglang", "hidden_states.sglang", "eagle3_datagen.backends.sglang.capture:capture_for_job", "sglang",
+        gpu=_always, tensor_parallel=True, imports="sglang",
+    ),
+):
+    CAPTURE.register(capture.name)(capture)

@@ -10,16 +10,8 @@ import re
 
 import orjson
 
-from eagle3_datagen.formats.datasets.common import (
-    Parsed,
-    SkipRecord,
-    call,
-    count_ignored,
-    json_value,
-    layout,
-    literal,
-    tools,
-)
+from eagle3_datagen.formats.datasets import common
+from eagle3_datagen.formats.datasets.common import Parsed, SkipRecord, call, count_ignored, json_value, literal, tools
 
 GLAIVE_MARKERS = re.compile(r"(USER:|ASSISTANT:|FUNCTION RESPONSE:)")
 GLAIVE_ROLES = {"USER:": "user", "ASSISTANT:": "assistant", "FUNCTION RESPONSE:": "tool"}
@@ -94,7 +86,7 @@ def glaive_call(body: str) -> dict | None:
         return None
 
 
-@layout("glaive", "chat (a string)")
+@common.layout("glaive", "chat (a string)")
 def parse_glaive(record: dict) -> Parsed:
     """glaiveai/glaive-function-calling-v2: a `system` string (prose + JSON functions) and a `chat`
     string of `USER:` / `ASSISTANT:` / `FUNCTION RESPONSE:` turns, calls as `<functioncall> {...}`."""
@@ -254,7 +246,7 @@ def xlam_tool(definition: dict) -> dict:
     return {"type": "function", "function": function}
 
 
-@layout("xlam", "query, tools and answers")
+@common.layout("xlam", "query, tools and answers")
 def parse_xlam(record: dict) -> Parsed:
     """xLAM / APIGen: the query is the user turn, the recorded answers the first assistant turn's calls."""
     query = record["query"]
