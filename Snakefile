@@ -6,10 +6,10 @@ from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import min_version, validate
 
 from eagle3_datagen.backends.service.lease import request_stop
-from eagle3_datagen.config_schema import fill_defaults
+from eagle3_datagen.config_schema import SCHEMA_PATH, fill_defaults
 from eagle3_datagen.workflow import canary, cluster_fit, preflight
 from eagle3_datagen.workflow.config_errors import describe
-from eagle3_datagen.workflow.settings import config_problems
+from eagle3_datagen.workflow.config_checks import config_problems
 
 min_version("9.0")
 
@@ -22,12 +22,12 @@ if not config:
 
 # A config error in a few lines (key, value, what is allowed), not Snakemake's dump of the schema.
 try:
-    validate(config, schema="schemas/config.schema.yaml")
+    validate(config, schema=str(SCHEMA_PATH))
 except WorkflowError:
     raise WorkflowError(
         describe(
             config,
-            f"{workflow.basedir}/schemas/config.schema.yaml",
+            str(SCHEMA_PATH),
             workflow.overwrite_configfiles or ["config.yaml"],
         )
     ) from None

@@ -3,15 +3,23 @@
 import os
 import re
 
+from eagle3_datagen.backends.plugins import (
+    CAPTURE,
+    DATASET,
+    GENERATION,
+    SERVED_RESPONSE_RULE,
+)
 from eagle3_datagen.workflow import disk
 from eagle3_datagen.workflow import job_resources as jr
+from eagle3_datagen.workflow import partitions as parts
+from eagle3_datagen.workflow import placement
 from eagle3_datagen.workflow import settings as wf
 
 PARTITIONS = sorted(config["partitions"])
-# With evaluate.baseline: original, each partition P has a twin, P+original (wf.baseline_partition): P's
+# With evaluate.baseline: original, each partition P has a twin, P+original (parts.baseline_partition): P's
 # prompts answered by the dataset's own turns, through tokens, hidden states and exports, which only the
 # evaluate rule asks for. The final targets, the draft vocabulary and the report are the partitions' alone.
-BASELINE_PARTITIONS = wf.baseline_partitions(config)
+BASELINE_PARTITIONS = parts.baseline_partitions(config)
 ALL_PARTITIONS = PARTITIONS + BASELINE_PARTITIONS
 # Outputs that combine partitions carry the set in params, so a config that adds, drops or
 # renames a partition reruns them (Snakemake's params trigger) instead of reporting up to date.
@@ -19,7 +27,7 @@ PARTITION_SET = wf.as_json(PARTITIONS)
 
 # A hub dataset's revision, resolved to a commit from the Hugging Face cache once per parse: it is in
 # the prompts rule's params, so a new commit reruns that partition only.
-SOURCE_COMMITS = wf.source_commits(config)
+SOURCE_COMMITS = parts.source_commits(config)
 
 
 wildcard_constraints:
@@ -79,7 +87,9 @@ def get_baseline_exports(wildcards):
     if not BASELINE_PARTITIONS:
         return []
     partitions = PARTITIONS if wildcards is None else [wildcards.partition]
-    return [f"results/{wf.baseline_partition(p)}/export/specforge" for p in partitions]
+    return [
+        f"results/{parts.baseline_partition(p)}/export/specforge" for p in partitions
+    ]
 
 
 def get_hidden_readers(wildcards):
@@ -130,7 +140,9 @@ def get_export_holdout(wildcards):
     partition's: both drafts are measured on the same held-out samples)."""
     if "evaluate" not in config:
         return []
-    return f"results/{wf.prompt_partition(wildcards.partition)}/evaluate/holdout.json"
+    return (
+        f"results/{parts.prompt_partition(wildcards.partition)}/evaluate/holdout.json"
+    )
 
 
 def get_export_probes(wildcards):
@@ -149,7 +161,7 @@ def holdout_option(wildcards, input):
 
 
 def shards(partition):
-    return wf.shard_names(config, partition)
+    return parts.shard_names(config, partition)
 
 
 # Per-job values are computed once here, not in an input function for each job.
@@ -160,28 +172,27 @@ HIDDEN_SETTINGS = wf.as_json(wf.hidden_settings(config))
 RESPONSE_SETTINGS = {
     p: wf.as_json(wf.response_settings(config, p)) for p in ALL_PARTITIONS
 }
-RESPONSE_GPUS = {p: wf.gpus_for(config, "responses", p) for p in ALL_PARTITIONS}
-# The shard jobs of these partitions share the node's launched SGLang server.
+RESPONSE_GPUS = {p: placement.gpus_for(config, "responses", p) for p in ALL_PARTITIONS}
+# The shard jobs of these partitions share the node's launched server (their backend's node service).
 SERVER_PARTITIONS = [
-    p for p in ALL_PARTITIONS if wf.served_by_launched_server(config, p)
+    p for p in ALL_PARTITIONS if parts.served_by_launched_server(config, p)
 ]
 SHARD_JOB_PARTITIONS = [p for p in ALL_PARTITIONS if p not in SERVER_PARTITIONS]
 # The `dataset` backend's jobs read the records again: the source's files are their input too.
 DATASET_SOURCES = {
-    p: wf.source_inputs(config, wf.prompt_partition(p))
+    p: parts.source_inputs(config, parts.prompt_partition(p))
     for p in ALL_PARTITIONS
-    if wf.inference_backend(config, p) == wf.DATASET
+    if parts.inference_backend(config, p) == DATASET
 }
 SERVER_LOG = "logs/sglang_server/server.log"
-HIDDEN_GPUS = wf.gpus_for(config, "hidden_states")
-HIDDEN_SGLANG = config["hidden_states"]["backend"] == "sglang"
-HIDDEN_ENV = "../envs/sglang.yaml" if HIDDEN_SGLANG else "../envs/cpu.yaml"
+HIDDEN_GPUS = placement.gpus_for(config, "hidden_states")
+HIDDEN_ENV = f"../envs/{CAPTURE[config['hidden_states']['backend']].env}.yaml"
 # Where each job goes under SLURM (resources.slurm: partition, QoS, account): a CPU job's, and per partition a
 # responses job's (a GPU one's where its backend runs on the node's GPUs). Every rule asks for these; the sizes
 # of jobs other than the heavy rules' below come from the profile's default-resources.
-CPU_JOB = wf.slurm_resources(config, 0)
+CPU_JOB = placement.slurm_resources(config, 0)
 RESPONSE_SLURM = {
-    p: wf.slurm_resources(config, RESPONSE_GPUS[p]) for p in ALL_PARTITIONS
+    p: placement.slurm_resources(config, RESPONSE_GPUS[p]) for p in ALL_PARTITIONS
 }
 
 
@@ -192,19 +203,19 @@ def gpu_group(name, rule):
     def group(wildcards):
         if workflow.remote_exec:
             return None
-        wf.spread_over_nodes(workflow, name, rule, config["resources"]["nodes"])
+        placement.spread_over_nodes(workflow, name, rule, config["resources"]["nodes"])
         return name
 
     return group
 
 
-GENERATION_GROUP = gpu_group("generation", "responses_sglang_server")
+GENERATION_GROUP = gpu_group("generation", SERVED_RESPONSE_RULE)
 CAPTURE_GROUP = gpu_group("capture", "hidden_states")
 # What the heavy rules' cluster jobs ask for, their partition, QoS and account included.
 JOB_RESOURCES = {
-    "hidden_states": wf.cluster_job(config, "hidden_states", HIDDEN_GPUS),
-    "responses_sglang_server": wf.cluster_job(
-        config, "responses_sglang_server", config["resources"]["gpus_per_node"]
+    "hidden_states": placement.cluster_job(config, "hidden_states", HIDDEN_GPUS),
+    SERVED_RESPONSE_RULE: placement.cluster_job(
+        config, SERVED_RESPONSE_RULE, config["resources"]["gpus_per_node"]
     ),
 }
 # The exporters name the draft vocabulary the workflow builds (results/vocab) and its size; the
@@ -219,7 +230,7 @@ PROBE_SETTINGS = {p: wf.as_json(wf.probe_settings(config, p)) for p in PARTITION
 # Per format, the export settings that shape it (a change to SpecForge's compression reruns only its exports).
 EXPORT_SETTINGS = {
     fmt: wf.as_json(wf.export_settings(config, fmt))
-    for fmt in ("specforge", "speculators")
+    for fmt in config["export"]["formats"]
 }
 # With hidden_states.keep_shards: false (the default), a partition with an export keeps only its shards'
 # index.json once its exports and probes are done (`release_hidden` in rules/hidden.smk), so that the exports
@@ -230,7 +241,7 @@ RELEASED = [
 EVALUATE_SETTINGS = wf.evaluate_settings(config)
 # evaluate.device: cuda trains each draft on one GPU of the node (run-only: a resource, not a param)
 EVALUATE_GPUS = int("evaluate" in config and config["evaluate"]["device"] == "cuda")
-EVALUATE_SLURM = wf.slurm_resources(config, EVALUATE_GPUS)
+EVALUATE_SLURM = placement.slurm_resources(config, EVALUATE_GPUS)
 # Per partition, and a draft on every partition's exports together where there are several.
 EVALUATE_OUTPUTS = (
     expand("results/{p}/evaluate/acceptance.json", p=PARTITIONS)
@@ -265,7 +276,7 @@ def get_response_inputs(wildcards):
     source the `dataset` backend reads the records' own turns from."""
     p = wildcards.partition
     inputs = {
-        "prompts": f"results/{wf.prompt_partition(p)}/prompts/{wildcards.shard}.jsonl.zst"
+        "prompts": f"results/{parts.prompt_partition(p)}/prompts/{wildcards.shard}.jsonl.zst"
     }
     if p in DATASET_SOURCES:
         inputs["source"] = DATASET_SOURCES[p]
@@ -273,10 +284,9 @@ def get_response_inputs(wildcards):
 
 
 def get_conda_env(wildcards):
-    """The env of the partition's inference backend's rule family."""
-    backend = wf.inference_backend(config, wildcards.partition)
-    cpu = ("hf", wf.DATASET)
-    return "../envs/cpu.yaml" if backend in cpu else f"../envs/{backend}.yaml"
+    """The env of the partition's inference backend."""
+    backend = GENERATION[parts.inference_backend(config, wildcards.partition)]
+    return f"../envs/{backend.env}.yaml"
 
 
 def get_probe_settings(wildcards):

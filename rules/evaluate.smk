@@ -25,7 +25,7 @@ rule evaluate_holdout:
 
 
 # With evaluate.baseline: original the same draft is also trained on the export of the partition's twin
-# (wf.baseline_partition: the dataset's own responses) and measured on the same held-out samples.
+# (parts.baseline_partition: the dataset's own responses) and measured on the same held-out samples.
 rule evaluate:
     input:
         export="results/{partition}/export/specforge",

@@ -15,7 +15,7 @@ rule export:
     benchmark:
         "benchmarks/{partition}/export/{format}.tsv"
     wildcard_constraints:
-        format="specforge|speculators",
+        format="|".join(config["export"]["formats"]) or "NO_FORMAT",
     conda:
         "../envs/cpu.yaml"
     threads: get_export_threads

@@ -6,7 +6,7 @@
 for partition in PARTITIONS:
     earlier_shards = [
         s
-        for p in wf.earlier_partitions(config, partition)
+        for p in parts.earlier_partitions(config, partition)
         for s in get_prompt_outputs(p)
     ]
 
@@ -14,7 +14,7 @@ for partition in PARTITIONS:
         name:
             f"prompts_{partition}"
         input:
-            source=wf.source_inputs(config, partition),
+            source=parts.source_inputs(config, partition),
             earlier=earlier_shards,
         output:
             shards=get_prompt_outputs(partition),

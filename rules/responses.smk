@@ -49,5 +49,5 @@ use rule responses as responses_sglang_server with:
     group:
         GENERATION_GROUP
     resources:
-        **JOB_RESOURCES["responses_sglang_server"],
+        **JOB_RESOURCES[SERVED_RESPONSE_RULE],
         gpu=config["resources"]["gpus_per_node"],

@@ -8,12 +8,12 @@ from eagle3_datagen import cli
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import reporting_full_disk
 from eagle3_datagen.formats.holdout import read_holdout
-from eagle3_datagen.stages.export import FORMATS, export
+from eagle3_datagen.stages.export import EXPORTS, export
 
 
 def main() -> None:
     p = cli.parser(__doc__, stage_settings=False)
-    p.add_argument("--format", choices=FORMATS, required=True)
+    p.add_argument("--format", choices=EXPORTS.names(), required=True)
     p.add_argument("--hidden", nargs="+", required=True, help="hidden-state shard directories, in order")
     p.add_argument("--out", required=True, help="directory to create")
     p.add_argument("--model", help="the target (verifier) model directory: its final norm, LM head and config")

@@ -3,8 +3,7 @@
 
 from eagle3_datagen import cli
 from eagle3_datagen.config_schema import fill_defaults
-from eagle3_datagen.formats.sources import Source
-from eagle3_datagen.stages.prompts import build_prompts
+from eagle3_datagen.stages.prompts import partition_prompts
 
 
 def main() -> None:
@@ -25,27 +24,7 @@ def main() -> None:
     args = p.parse_args()
     cli.setup(args, torch_threads=False)
     # the workflow passes every key (prompt_settings); a command run by hand may leave out those with a default
-    s = fill_defaults(args.settings, "partitions.*")
-    if not s.get("source") and len(args.source) != 1:
-        p.error("name one source: --source PATH, or `source` in --settings")
-    source = Source(
-        s.get("source") or args.source[0],
-        subset=s.get("subset"),
-        split=s.get("split"),
-        # the commit the workflow resolved the revision to, so the job reads what its params name
-        revision=s.get("commit") or s.get("revision"),
-    )
-    build_prompts(
-        source,
-        s["format"],
-        args.out,
-        args.stats,
-        s.get("system_prompt"),
-        s.get("max_prompts"),
-        s["max_bad_record_rate"],
-        args.earlier,
-        allow_empty=s["allow_empty"],
-    )
+    partition_prompts(fill_defaults(args.settings, "partitions.*"), args.source, args.out, args.stats, args.earlier)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Another copy of the same job (a restarted controller's) waits until this one is 
 """
 
 from eagle3_datagen import cli
+from eagle3_datagen.backends.plugins import GENERATION
 from eagle3_datagen.formats.shard_lease import one_copy
 from eagle3_datagen.stages.responses.job import JobError, run_response_job
 
@@ -18,7 +19,7 @@ def main() -> None:
     p.add_argument("--stats", nargs="+", required=True)
     p.add_argument("--server-log", help="where a launched SGLang server writes its output")
     args = p.parse_args()
-    cli.setup(args, "responses", torch_threads=args.settings["backend"] == "hf")  # the only one computing here
+    cli.setup(args, "responses", torch_threads=GENERATION[args.settings["backend"]].in_process)  # computes here
     if not len(args.prompts) == len(args.out) == len(args.stats):
         p.error("--prompts, --out and --stats need one path per shard each")
     shards = list(zip(args.prompts, args.out, args.stats, strict=True))

@@ -23,7 +23,7 @@ from eagle3_datagen.reporting.status import (
     parse_summary,
     partition_states,
 )
-from eagle3_datagen.workflow.settings import shard_names
+from eagle3_datagen.workflow.partitions import shard_names
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ WORKFLOW_FILES = [
     "Snakefile",
     "config.yaml",
     "rules",
-    "schemas",
     "scripts",
     "report",
     "profiles",

@@ -9,6 +9,8 @@ import pytest
 import yaml
 
 from eagle3_datagen import config_schema
+from eagle3_datagen.workflow import partitions as parts
+from eagle3_datagen.workflow import placement
 from eagle3_datagen.workflow import settings as wf
 
 from .conftest import REPO, copy_workflow, scheduled, snakemake
@@ -23,20 +25,20 @@ def demo(baseline: str) -> dict:
 
 
 def test_each_partition_gets_a_twin_with_its_settings_and_the_dataset_backend():
-    assert wf.baseline_partitions(demo("none")) == []
+    assert parts.baseline_partitions(demo("none")) == []
     config = demo("original")
     assert DEMO["evaluate"]["baseline"] == "original"  # the demo ships with it on
-    assert wf.baseline_partitions(config) == [
+    assert parts.baseline_partitions(config) == [
         "demo_alpaca+original",
         "demo_openai+original",
         "demo_sharegpt+original",
     ]
-    twin = wf.baseline_partition("demo_alpaca")
-    assert twin == "demo_alpaca+original" and wf.prompt_partition(twin) == "demo_alpaca"
-    assert wf.prompt_partition("demo_alpaca") == "demo_alpaca"
-    assert wf.partition_config(config, twin) == {**config["partitions"]["demo_alpaca"], "backend": "dataset"}
-    assert wf.shard_names(config, twin) == wf.shard_names(config, "demo_alpaca") == ["00000"]
-    assert wf.inference_backend(config, twin) == "dataset" and wf.gpus_for(config, "responses", twin) == 0
+    twin = parts.baseline_partition("demo_alpaca")
+    assert twin == "demo_alpaca+original" and parts.prompt_partition(twin) == "demo_alpaca"
+    assert parts.prompt_partition("demo_alpaca") == "demo_alpaca"
+    assert parts.partition_config(config, twin) == {**config["partitions"]["demo_alpaca"], "backend": "dataset"}
+    assert parts.shard_names(config, twin) == parts.shard_names(config, "demo_alpaca") == ["00000"]
+    assert parts.inference_backend(config, twin) == "dataset" and placement.gpus_for(config, "responses", twin) == 0
     # nothing is sampled: only the records' source and layout, and the model (its think tokens), shape them
     assert wf.response_settings(config, twin) == {
         "backend": "dataset",
@@ -48,7 +50,7 @@ def test_each_partition_gets_a_twin_with_its_settings_and_the_dataset_backend():
         "model": wf.model_settings(config),
     }
     with pytest.raises(KeyError, match="no partition 'demo_alpaca\\+original'"):
-        wf.partition_config(demo("none"), twin)
+        parts.partition_config(demo("none"), twin)
 
 
 def test_no_user_partition_can_take_a_twins_name():
@@ -65,7 +67,7 @@ def dry_run(work: Path, config: dict, targets: list[str]) -> Counter:
 
 
 def twin_exports(config: dict) -> list[str]:
-    return [f"results/{wf.baseline_partition(p)}/export/specforge" for p in sorted(config["partitions"])]
+    return [f"results/{parts.baseline_partition(p)}/export/specforge" for p in sorted(config["partitions"])]
 
 
 def test_the_demo_dry_run_lists_exactly_the_twins_jobs(tmp_path):
@@ -80,7 +82,7 @@ def test_the_demo_dry_run_lists_exactly_the_twins_jobs(tmp_path):
     assert sum((both & off).values()) == sum(off.values())  # every job of the demo is still there
     expected = Counter()
     for p, part in DEMO["partitions"].items():
-        twin = wf.baseline_partition(p)
+        twin = parts.baseline_partition(p)
         expected.update({(rule, twin): part["shards"] for rule in ("responses", "tokens", "hidden_states")})
         expected[("export", twin)] = 1
     assert extra == expected

@@ -7,6 +7,7 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
+from eagle3_datagen import config_schema
 from eagle3_datagen.workflow import cluster_fit
 
 from .conftest import REPO
@@ -73,7 +74,7 @@ def test_an_account_or_qos_the_user_may_not_use_there_is_named():
 def test_production_job_sizes_are_the_schema_defaults():
     """A config without resources.jobs asks for what the profile used to set for every site."""
     config = yaml.safe_load((REPO / "config.yaml").read_text())
-    validate(config, str(REPO / "schemas/config.schema.yaml"))
+    validate(config, str(config_schema.SCHEMA_PATH))
     assert config["resources"]["jobs"] == {
         "hidden_states": {"mem_mb": 512000, "cpus_per_task": 32, "runtime": 1440},
         "responses_sglang_server": {"mem_mb": 512000, "cpus_per_task": 32, "runtime": 2880},

@@ -11,6 +11,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from eagle3_datagen import config_schema
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.formats.checkpoint import FinalNorm
 from eagle3_datagen.formats.checksums import ChecksumError, file_digest
@@ -19,7 +20,7 @@ from eagle3_datagen.formats.hidden_codec import COMPRESS, FP8_DTYPES, GRANULARIT
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.formats.holdout import choose_holdout, read_holdout, write_holdout
 from eagle3_datagen.stages.evaluate.draft import train_config
-from eagle3_datagen.stages.export import FORMATS, export
+from eagle3_datagen.stages.export import EXPORTS, export
 from eagle3_datagen.stages.export.specforge import specforge_sample_path
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.probe import LMHead, probe_shard
@@ -215,7 +216,7 @@ def test_held_out_prompts_are_in_no_export_and_the_counts_add_up(tmp_path, tiny_
     assert held_out == choose_holdout(reversed([*ids, "dropped"]), 4, seed=0) and len(held_out) == 4
     kept = [s for s in samples if s["id"] not in held_out]
     assert "dropped" in held_out and len(kept) == 5  # 3 of the 8 samples held out
-    for fmt in FORMATS:
+    for fmt in EXPORTS:
         out = tmp_path / fmt
         summary = export(shard_dirs, out, fmt, model_path=tiny_model_dir, held_out=held_out)
         exported = [json.loads(line)["id"] for line in (out / "ids.jsonl").read_text().splitlines()]
@@ -285,7 +286,7 @@ MATRIX = {**PLAIN, **FP8}
 
 
 def test_the_matrix_is_every_setting_the_schema_accepts():
-    schema = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())
+    schema = config_schema.schema()
     hidden = schema["properties"]["hidden_states"]["properties"]
     plain = [d for d in hidden["dtype"]["enum"] if not d.startswith("float8")]
     fp8 = [d for d in hidden["dtype"]["enum"] if d.startswith("float8")]
@@ -352,7 +353,7 @@ def test_flipped_bytes_in_a_part_stop_every_reader(tmp_path, head, raw_capture, 
         list(HiddenShard(shard_dir))
     with pytest.raises(ChecksumError, match=refused):
         probe_shard(shard_dir, head, probe_settings())
-    for fmt in FORMATS:
+    for fmt in EXPORTS:
         with pytest.raises(ChecksumError, match=refused):
             export([shard_dir], tmp_path / fmt, fmt, model_path=tiny_model_dir)
         assert not (tmp_path / fmt).exists()
@@ -360,7 +361,7 @@ def test_flipped_bytes_in_a_part_stop_every_reader(tmp_path, head, raw_capture, 
 
 def test_config_validation_refuses_what_no_reader_takes(tmp_path):
     from eagle3_datagen.config_schema import fill_defaults
-    from eagle3_datagen.workflow.settings import storage_problems
+    from eagle3_datagen.workflow.config_checks import storage_problems
 
     config = fill_defaults(yaml.safe_load((REPO / "config.yaml").read_text()))
     assert storage_problems(config) == []

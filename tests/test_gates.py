@@ -274,7 +274,7 @@ def test_the_console_line_and_a_partitions_finished_shards(tmp_path, kimi_fast_d
 
 
 def test_a_repetition_gate_that_could_judge_no_text_is_refused_before_any_job():
-    from eagle3_datagen.workflow.settings import gate_problems
+    from eagle3_datagen.workflow.config_checks import gate_problems
 
     config = {"tokens": defaults("tokens")}
     assert gate_problems(config) == []

@@ -75,17 +75,18 @@ def test_bad_requests_are_recorded_not_retried(tmp_path, api_key):
 def test_out_of_credits_stops_cleanly_and_a_rerun_continues(tmp_path, api_key):
     prompts = prompts_file(tmp_path, 10)
     out_of_credits = pytest.raises(IncompleteRun, match=r"4 of 10 prompts finished, 6 left .*out of credits")
-    with serve_in_thread(Loopback("unused", api_key=api_key, faults=FaultPlan(credits=4))) as url, out_of_credits:
-        run_responses(tmp_path, prompts, openrouter_backend(url, concurrency=1))
-    assert not (tmp_path / "out.jsonl.zst").exists()
-    journaled = [
-        json.loads(line)["id"] for line in journal_path(tmp_path / "out.jsonl.zst").read_text().splitlines()[1:]
-    ]
-    assert len(journaled) == 4
-    fresh = Loopback("unused", api_key=api_key)
-    with serve_in_thread(fresh) as url:
+    server = Loopback("unused", api_key=api_key, faults=FaultPlan(credits=4))
+    with serve_in_thread(server) as url:
+        with out_of_credits:
+            run_responses(tmp_path, prompts, openrouter_backend(url, concurrency=1))
+        assert not (tmp_path / "out.jsonl.zst").exists()
+        journaled = [
+            json.loads(line)["id"] for line in journal_path(tmp_path / "out.jsonl.zst").read_text().splitlines()[1:]
+        ]
+        assert len(journaled) == 4
+        server.faults = FaultPlan()  # credits topped up; the same endpoint (base_url is in the fingerprint)
         stats = run_responses(tmp_path, prompts, openrouter_backend(url, concurrency=1))
-    assert stats["status"] == {"ok": 10} and sum(fresh.completed.values()) == 6
+    assert stats["status"] == {"ok": 10} and sum(server.completed.values()) == 10
     assert [r["id"] for r in read_jsonl(tmp_path / "out.jsonl.zst")] == [f"id{i:04d}" for i in range(10)]
 
 

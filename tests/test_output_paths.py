@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_datagen.workflow.settings import demo_model_problems
+from eagle3_datagen.workflow.config_checks import demo_model_problems
 from tests.conftest import REPO, copy_workflow, snakemake
 
 OWN_FOLDERS = {"results", "logs", "benchmarks"}

@@ -103,7 +103,7 @@ def test_sglang_must_be_importable_where_the_jobs_run_it_unless_conda_brings_it(
 
 
 def test_the_evaluate_jobs_need_specforges_interpreter_and_a_chain_of_proposals(tmp_path):
-    from eagle3_datagen.workflow.settings import evaluate_problems
+    from eagle3_datagen.workflow.config_checks import evaluate_problems
 
     config = fill_defaults(kimi("sglang"))
     config["model"]["path"] = str(model_dir(tmp_path / "model"))

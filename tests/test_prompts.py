@@ -8,7 +8,7 @@ import pytest
 import yaml
 import zstandard
 
-from eagle3_datagen.formats.datasets import FORMATS, conversation_id, normalize
+from eagle3_datagen.formats.datasets import LAYOUT_CHOICES, conversation_id, normalize
 from eagle3_datagen.formats.files import InputError, read_jsonl
 from eagle3_datagen.stages.prompts import build_prompts, shard_of
 
@@ -134,7 +134,7 @@ def test_malformed_line_names_file_line_and_fix(tmp_path):
 
 def test_unknown_format_lists_the_known_ones(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [SHAREGPT])
-    with pytest.raises(InputError, match="unknown format 'vicuna'.*" + ", ".join(FORMATS)):
+    with pytest.raises(InputError, match="unknown format 'vicuna'.*" + ", ".join(LAYOUT_CHOICES)):
         list(normalize(src, "vicuna", None, Counter()))
 
 

@@ -21,7 +21,7 @@ DEMO_KEYS = {k for k in KEYS if k.startswith("demo.")}
 
 def test_every_schema_key_has_a_kind_and_the_table_names_no_other():
     unclassified = sorted(set(KEYS) - set(wf.KINDS) - DEMO_KEYS)
-    assert not unclassified, f"give these an x-kind in schemas/config.schema.yaml: {unclassified}"
+    assert not unclassified, f"give these an x-kind in config.schema.yaml: {unclassified}"
     assert not sorted(set(wf.KINDS) - set(KEYS)), "KINDS names keys the schema does not have"
     assert set(wf.KINDS.values()) == {wf.OUTPUT, wf.RUN}
     assert wf.kind_of("partitions.B1_glaive.shards") == wf.OUTPUT
@@ -32,7 +32,7 @@ def test_every_schema_key_has_a_kind_and_the_table_names_no_other():
 def test_every_schema_key_says_its_kind_there():
     """The schema is the one table of kinds: each key has `x-kind` output or run, the demo's too."""
     missing = sorted(k for k, node in KEYS.items() if node.get("x-kind") not in (wf.OUTPUT, wf.RUN))
-    assert not missing, f"give these an x-kind (output or run) in schemas/config.schema.yaml: {missing}"
+    assert not missing, f"give these an x-kind (output or run) in config.schema.yaml: {missing}"
     assert {k: node["x-kind"] for k, node in KEYS.items()} == wf.KINDS
 
 

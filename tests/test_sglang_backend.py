@@ -114,3 +114,24 @@ def test_sigterm_stops_a_launched_server(tmp_path, qwen_tokenizer_dir):
     job.send_signal(signal.SIGTERM)
     assert job.wait(timeout=60) != 0
     assert wait_until(lambda: not pid_alive(server_pid), timeout=30), "the server outlived the job"
+
+
+def test_the_journal_fingerprint_is_the_sections_output_settings(qwen_tokenizer_dir):
+    """Every output-shaping key of inference.sglang is in the fingerprint (the server's launch args and
+    served model name included), no run-only one: a changed timeout or concurrency resumes the journal."""
+    launch = {"args": ["--context-length", "4096"], "run_args": ["--tp", "8"]}
+    backend = sglang_backend(qwen_tokenizer_dir, "http://a", served_model="kimi", launch=launch)
+    own = backend.fingerprint()["sglang"]
+    assert own["served_model"] == "kimi" and own["launch"] == {"args": ["--context-length", "4096"]}
+    short = own["tiers"]["short"]
+    assert "max_prompt_tokens" in short and "concurrency" not in short and "url" not in own
+    run_only = sglang_backend(
+        qwen_tokenizer_dir,
+        "http://b",
+        served_model="kimi",
+        launch={**launch, "run_args": ["--tp", "4"]},
+        request_timeout=5,
+        tiers={"short": {"concurrency": 1}, "long": {"concurrency": 1}},
+    )
+    assert run_only.fingerprint() == backend.fingerprint()
+    assert sglang_backend(qwen_tokenizer_dir, "http://a", served_model="other").fingerprint() != backend.fingerprint()

@@ -5,9 +5,11 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
+from eagle3_datagen import config_schema
+
 from .conftest import REPO, readme_commands
 
-SCHEMA = REPO / "schemas" / "config.schema.yaml"
+SCHEMA = config_schema.SCHEMA_PATH
 
 
 def test_ci_runs_the_readmes_test_command():

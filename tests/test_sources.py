@@ -236,11 +236,13 @@ def test_a_hub_dataset_is_read_from_the_local_cache_at_its_revisions_commit(tmp_
 def test_the_workflow_checks_sources_and_puts_a_hub_datasets_commit_in_the_prompts_params(
     tmp_path, offline_cache, monkeypatch
 ):
+    from eagle3_datagen.workflow import config_checks
+    from eagle3_datagen.workflow import partitions as parts
     from eagle3_datagen.workflow import settings as wf
 
     snapshot = hub_layout(tmp_path / "repo", [ALPACA], tmp_path / "cache")
     commit = hub_cache(offline_cache, "owner/chats", snapshot)
-    wf._hub_commit.cache_clear()
+    parts.hub_commit_or_error.cache_clear()
     monkeypatch.chdir(tmp_path)
     config = fill_defaults(
         {
@@ -255,7 +257,7 @@ def test_the_workflow_checks_sources_and_puts_a_hub_datasets_commit_in_the_promp
             }
         }
     )
-    problems = wf.missing_sources(config, ["c.yaml"])
+    problems = config_checks.missing_sources(config, ["c.yaml"])
     assert [p.split(":")[0] for p in problems] == [
         "partition 'csv'",
         "partition 'dir'",
@@ -267,15 +269,15 @@ def test_the_workflow_checks_sources_and_puts_a_hub_datasets_commit_in_the_promp
     assert "`revision` applies to a hub dataset (hf:owner/name), not to source 'repo'" in problems[1]
     assert "hf download --repo-type dataset owner/gone" in problems[2] and "matches no file" in problems[4]
     assert "hf:not an id: not a dataset id (Repo id must use" in problems[3] and "Fix: use hf:owner/name" in problems[3]
-    assert wf.source_commits(config) == {"hub": commit}
-    assert wf.source_inputs(config, "hub") == []
-    assert wf.source_inputs(config, "dir") == [
+    assert parts.source_commits(config) == {"hub": commit}
+    assert parts.source_inputs(config, "hub") == []
+    assert parts.source_inputs(config, "dir") == [
         "repo/README.md",
         "repo/data/test-00000-of-00001.parquet",
         "repo/data/train-00000-of-00002.parquet",
         "repo/data/train-00001-of-00002.parquet",
     ]
-    assert wf.source_inputs(config, "shards") == [
+    assert parts.source_inputs(config, "shards") == [
         "repo/data/train-00000-of-00002.parquet",
         "repo/data/train-00001-of-00002.parquet",
     ]

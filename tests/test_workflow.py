@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+from eagle3_datagen import config_schema
 from eagle3_datagen.chat.gates import GATES, console_line
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
@@ -26,7 +27,7 @@ from .conftest import DEMO_CONSOLE, REPO, copy_workflow, run, scheduled, snakema
 pytestmark = pytest.mark.e2e
 
 PARTITIONS = {"demo_sharegpt": 2, "demo_openai": 2, "demo_alpaca": 1}
-SCHEMA = REPO / "schemas" / "config.schema.yaml"
+SCHEMA = config_schema.SCHEMA_PATH
 
 
 def shards(partition):

@@ -1,4 +1,4 @@
-"""The workflow's config schema (`schemas/config.schema.yaml`): the one place each setting is said, with
+"""The workflow's config schema (`config.schema.yaml`, shipped in the package): the one place each setting is said, with
 its `default`, its `description` and its kind (`x-kind`: `output` shapes a stage's output, `run` governs
 only how its jobs run). The rest of the package reads defaults and kinds from here, never its own copy.
 """
@@ -11,9 +11,8 @@ from pathlib import Path
 
 import yaml
 
-# The package is installed editable from its workflow directory (`make install`, `-e ..` in envs/*.yaml),
-# so the schema the Snakefile validates with is this one.
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+# The Snakefile validates with this file too, so the package and the workflow read one schema.
+SCHEMA_PATH = Path(__file__).resolve().with_name("config.schema.yaml")
 KIND = "x-kind"
 
 
@@ -51,6 +50,51 @@ def leaf_keys(node: dict | None = None, path: str = "") -> dict[str, dict]:
 def kinds() -> dict[str, str]:
     """Each setting's `x-kind`, by dotted path; a setting without one is left out (and fails the tests)."""
     return {path: node[KIND] for path, node in leaf_keys().items() if KIND in node}
+
+
+OUTPUT = "output"  # shapes the stage's output: in the rule's params, so a change reruns the stage
+RUN = "run"  # governs only how the job runs: read at run time, a change reschedules nothing
+
+# Every config key's kind, by its path in the schema (`*`: any partition's name): each key's `x-kind`
+# in config.schema.yaml, where a key without one fails tests/test_settings.py.
+KINDS: dict[str, str] = kinds()
+
+
+def kind_of(path: str) -> str:
+    """The kind of the config key at dotted `path` (a partition's name in place of `*`)."""
+    parts = path.split(".")
+    if parts[0] == "partitions" and len(parts) > 2:
+        parts[1] = "*"
+    key = ".".join(parts)
+    if key not in KINDS:
+        raise KeyError(f"config key {key!r} has no x-kind in config.schema.yaml")
+    return KINDS[key]
+
+
+def split(section: dict | None, path: str) -> tuple[dict, dict]:
+    """`section` (the config at dotted `path`) as its output-shaping and its run-only settings."""
+    output, run = {}, {}
+    for key, value in (section or {}).items():
+        sub = f"{path}.{key}"
+        if isinstance(value, dict) and not _is_leaf(sub):
+            out_part, run_part = split(value, sub)
+            if out_part:
+                output[key] = out_part
+            if run_part:
+                run[key] = run_part
+        elif kind_of(sub) == OUTPUT:
+            output[key] = value
+        else:
+            run[key] = value
+    return output, run
+
+
+def _is_leaf(path: str) -> bool:
+    try:
+        kind_of(path)
+    except KeyError:
+        return False
+    return True
 
 
 def fill_defaults(instance: dict, path: str = "") -> dict:

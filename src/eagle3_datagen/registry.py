@@ -57,5 +57,8 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return list(self._entries)
 
+    def values(self) -> list[T]:
+        return list(self._entries.values())
+
     def items(self) -> list[tuple[str, T]]:
         return list(self._entries.items())

@@ -13,8 +13,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from eagle3_datagen.config_schema import split
+
 if TYPE_CHECKING:
     import torch
+
+
+def journal_fingerprint(name: str, model: str, sampling: dict, section: dict, **resolved) -> dict:
+    """A generation backend's journal fingerprint, what shapes its responses: its section's output-shaping
+    settings (`x-kind: output` in the schema, so a new one is in it with no code here; the section's own
+    `sampling` is in `sampling`, the merged one it generates with), under its name; the model it asks; and
+    what it resolved from them (`resolved`: the dtype as loaded, the template's switches)."""
+    own = split(section, f"inference.{name}")[0]
+    own.pop("sampling", None)
+    return {"backend": name, "model": model, "sampling": sampling, name: own, **resolved}
 
 
 @dataclass

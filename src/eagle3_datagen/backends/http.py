@@ -80,7 +80,7 @@ def _flags_input(body: object) -> bool:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """A backend's `retry` settings (`$defs.retry` in schemas/config.schema.yaml)."""
+    """A backend's `retry` settings (`$defs.retry` in config.schema.yaml)."""
 
     max_attempts: int
     initial_backoff: float

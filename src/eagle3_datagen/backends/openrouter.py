@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 
-from eagle3_datagen.backends.base import MissingApiKey, RetryableError, Turn, finish_reason
+from eagle3_datagen.backends.base import MissingApiKey, RetryableError, Turn, finish_reason, journal_fingerprint
 from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
 from eagle3_datagen.chat.tool_calls import calls_before, openai_call
@@ -42,6 +42,11 @@ def _check_completion(body: dict) -> None:
 class OpenRouterBackend:
     name = "openrouter"
 
+    @classmethod
+    def for_job(cls, settings: dict, server_alive=None) -> OpenRouterBackend:
+        """The backend a responses job's settings (plugins.GenerationBackend) configure."""
+        return cls(settings["sampling"], settings["openrouter"])
+
     def __init__(self, sampling: dict, settings: dict):
         key_env = settings["api_key_env"]
         key = os.environ.get(key_env)
@@ -49,6 +54,7 @@ class OpenRouterBackend:
             raise MissingApiKey(f"the environment variable {key_env} is not set; export the OpenRouter API key there")
         self.model = settings["model"]
         self.sampling = sampling
+        self.settings = settings
         # absent: sampling.max_new_tokens, and no provider routing
         self.max_tokens = settings.get("max_tokens", sampling["max_new_tokens"])
         self.concurrency = min(settings["concurrency"], MAX_CONCURRENCY)
@@ -64,21 +70,14 @@ class OpenRouterBackend:
 
     # The settings that cap an answer's length (dotted paths into the fingerprint): a raised one keeps the
     # answers that ended within the old one.
-    limit_keys = ("max_tokens", "sampling.max_new_tokens")
+    limit_keys = ("openrouter.max_tokens", "sampling.max_new_tokens")
 
     def limit_for(self, message: dict) -> int:
         """The token limit a recorded turn would be answered under now."""
         return self.max_tokens
 
     def fingerprint(self) -> dict:
-        return {
-            "backend": self.name,
-            "model": self.model,
-            "sampling": self.sampling,
-            "max_tokens": self.max_tokens,
-            "provider": self.provider,
-            "reasoning": self.reasoning,
-        }
+        return journal_fingerprint(self.name, self.model, self.sampling, self.settings)
 
     async def __aenter__(self) -> OpenRouterBackend:
         await self.client.open()

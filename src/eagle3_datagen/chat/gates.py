@@ -76,7 +76,7 @@ class Repetition:
 
 @dataclass(frozen=True)
 class GateSettings:
-    """`tokens.gates` (schemas/config.schema.yaml says each one's meaning and default)."""
+    """`tokens.gates` (config.schema.yaml says each one's meaning and default)."""
 
     truncated: bool
     empty: bool

@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
+from eagle3_datagen.backends.plugins import CAPTURE, GENERATION
 from eagle3_datagen.backends.service import gpus
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats import sources
@@ -48,15 +49,14 @@ from eagle3_datagen.formats.files import InputError, read_json, write_json
 from eagle3_datagen.formats.measured_rates import write_rates
 from eagle3_datagen.formats.service_loads import NAME as LOADS
 from eagle3_datagen.formats.service_loads import read_loads
-from eagle3_datagen.workflow.settings import inference_backend
+from eagle3_datagen.workflow.partitions import inference_backend
 
-# What the smoke directory links to in the workflow's: what a run reads there (rules, scripts, schemas, its
+# What the smoke directory links to in the workflow's: what a run reads there (rules, scripts, its
 # conda envs, report captions, bundled resources, profiles and the links that name them, shipped configs).
-LINKED = ["Snakefile", "rules", "schemas", "scripts", "envs", "report", "resources", "profiles", "config"]
+LINKED = ["Snakefile", "rules", "scripts", "envs", "report", "resources", "profiles", "config"]
 PROFILE_LINKS = ["gpu", "local", "slurm"]
 MARKER = ".eagle3-datagen-smoke"  # a smoke directory, which the next smoke run may empty
 MIN_AGREEMENT = 0.98
-GENERATING = ("hf", "sglang")  # backends that generate on the node (the plan's generation rate)
 SGLANG_EAGLE3_ON_CPU = (
     "SGLang's EAGLE3 cannot run on the CPU (its CPU path needs sgl-kernel's CPU build, which PyPI does not ship): "
     "the evaluate stage's measurement, greedy chain speculative decoding in transformers"
@@ -179,8 +179,8 @@ class Smoke:
     # the steps
 
     def gpu_check(self) -> tuple[str, str]:
-        uses_sglang = self.config["hidden_states"]["backend"] == "sglang" or any(
-            inference_backend(self.config, p) == "sglang" for p in self.partitions
+        uses_sglang = CAPTURE[self.config["hidden_states"]["backend"]].imports == "sglang" or any(
+            GENERATION[inference_backend(self.config, p)].imports == "sglang" for p in self.partitions
         )
         if not self.gpus:
             return "skip", "no GPU on this machine (nvidia-smi lists none): it compares SGLang with hf on GPUs"
@@ -311,7 +311,7 @@ class Smoke:
     def measurements(self) -> tuple[str, str]:
         generated = generating = captured = capturing = 0.0
         for p in self.partitions:
-            if inference_backend(self.config, p) in GENERATING:
+            if GENERATION[inference_backend(self.config, p)].on_node:
                 throughput = read_json(self.results(p, "responses/00000.stats.json"))["throughput"]
                 generated, generating = generated + throughput["completion_tokens"], generating + throughput["seconds"]
             index = read_json(self.results(p, "hidden/00000/index.json"))["throughput"]

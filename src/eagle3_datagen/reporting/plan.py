@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, RESPONSE_RULES
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 from eagle3_datagen.formats import storage
@@ -34,14 +35,13 @@ from eagle3_datagen.formats.files import iter_jsonl, read_json
 from eagle3_datagen.formats.measured_rates import RATES, read_rates
 from eagle3_datagen.formats.service_loads import read_loads
 from eagle3_datagen.workflow import disk
-from eagle3_datagen.workflow.settings import (
-    DATASET,
+from eagle3_datagen.workflow.partitions import (
     inference_backend,
     prompt_partition,
-    sampling_for,
     served_by_launched_server,
     shard_names,
 )
+from eagle3_datagen.workflow.settings import sampling_for
 
 
 class ScheduledJob(NamedTuple):
@@ -73,7 +73,6 @@ def scheduled_jobs(dry_run_output: str) -> list[ScheduledJob]:
     return jobs
 
 
-RESPONSE_RULES = ("responses", "responses_sglang_server")
 
 
 def scheduled_partitions(jobs: list[ScheduledJob], rules=(*RESPONSE_RULES, "hidden_states", "export")) -> set[str]:
@@ -179,7 +178,7 @@ def capture_rates(config: dict, per_token: int, prefill_tokens_per_s: float | No
     side, the capture job's cores (`resources.jobs.hidden_states.cpus_per_task`, less one per GPU rank) at
     the bytes per core a second measured for the storage setting; the slower one bounds the stage."""
     hidden = config["hidden_states"]
-    ranks = config["resources"]["gpus_per_node"] if hidden["backend"] == "sglang" else 1
+    ranks = CAPTURE[hidden["backend"]].ranks(config)
     cores = max(1, config["resources"]["jobs"]["hidden_states"]["cpus_per_task"] - ranks)
     cpu = cores * storage.capture_bytes_per_core_s(hidden["dtype"], hidden["compress"], hidden["compress_level"])
     rates = {"cpu_tokens_per_s": cpu / per_token, "cpu_cores": cores}
@@ -226,7 +225,8 @@ def plan_partition(
     completion = round(user_turns * per_turn)
     basis = f"observed {observed:.0f} per turn" if observed is not None else f"max tokens {max_tokens} per turn"
     # no prices, no throughput: no cost, no GPU hours
-    prices = inference["openrouter"].get("price_per_million") if backend == "openrouter" else None
+    generation = GENERATION[backend]
+    prices = generation.settings(config).get("price_per_million") if generation.priced else None
     cost = prompt_tokens / 1e6 * prices["prompt"] + completion / 1e6 * prices["completion"] if prices else None
     rates = rates or plan_rates(config)
     generate_rate = rates["generate_tokens_per_s"]["tokens_per_s"]
@@ -250,7 +250,7 @@ def plan_partition(
         completion_basis=basis,
         cost_usd=cost,
         generation_gpu_hours=(
-            completion / generate_rate / 3600 if generate_rate and backend not in ("openrouter", DATASET) else None
+            completion / generate_rate / 3600 if generate_rate and generation.on_node else None
         ),
         hidden_gpu_hours=tokens.tokens / capture_rate / 3600 if capture_rate else None,
         hidden_bytes=counted.shards,

@@ -43,7 +43,7 @@ class ProbeFailure(RuntimeError):
 
 @dataclass
 class ProbeSettings:
-    """The probe's thresholds (`probe` in schemas/config.schema.yaml says each one's meaning and default)."""
+    """The probe's thresholds (`probe` in config.schema.yaml says each one's meaning and default)."""
 
     max_positions: int  # positions probed per shard, sampled uniformly beyond that
     min_greedy_agreement: float

@@ -32,6 +32,34 @@ def prompt_ids(shard_paths: Iterable[str | Path]) -> set[str]:
     return {prompt["id"] for path in shard_paths for _, prompt in iter_jsonl(path)}
 
 
+def partition_prompts(
+    settings: dict, sources: Sequence[str], shard_paths: Sequence[str], stats_path: str, earlier_shards: Sequence[str]
+) -> dict:
+    """One partition's prompts from the prompts rule's `settings` (workflow.settings.prompt_settings, filled
+    with the schema's defaults): its `source` (else the one of `sources`, the rule's input file) read as its
+    subset, split and revision (the commit the workflow resolved that revision to, so the job reads what its
+    params name)."""
+    if not settings.get("source") and len(sources) != 1:
+        raise InputError("--source", None, "no source", "name one source: --source PATH, or `source` in --settings")
+    source = Source(
+        settings.get("source") or sources[0],
+        subset=settings.get("subset"),
+        split=settings.get("split"),
+        revision=settings.get("commit") or settings.get("revision"),
+    )
+    return build_prompts(
+        source,
+        settings["format"],
+        shard_paths,
+        stats_path,
+        settings.get("system_prompt"),
+        settings.get("max_prompts"),
+        settings["max_bad_record_rate"],
+        earlier_shards,
+        allow_empty=settings["allow_empty"],
+    )
+
+
 def build_prompts(
     source: str | Path | Source,
     fmt: str,

@@ -22,13 +22,8 @@ import orjson
 from eagle3_datagen.formats import storage
 from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import iter_jsonl, read_json
-from eagle3_datagen.workflow.settings import (
-    DATASET,
-    baseline_partitions,
-    inference_backend,
-    prompt_partition,
-    shard_names,
-)
+from eagle3_datagen.workflow.partitions import baseline_partitions, inference_backend, prompt_partition, shard_names
+from eagle3_datagen.workflow.settings import DATASET
 
 RELEASED = "released.json"  # formats/hidden_shard.py's marker (that module imports torch)
 # Tokens per message and per prompt that a chat template adds around the text (role markers, a default

@@ -26,13 +26,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, RESPONSE_RULES, SERVED_RESPONSE_RULE
 from eagle3_datagen.workflow import disk
-from eagle3_datagen.workflow.settings import inference_backend, served_by_launched_server, shard_names
+from eagle3_datagen.workflow.partitions import inference_backend, shard_names
 
 # Rules whose jobs read nothing of the model: the prompts (one rule per partition), the reports, and
 # the demo's model builder (which makes it).
 NO_MODEL_RULES = ("partition_summary", "summary", "build_demo_model", "release_hidden")
-RESPONSE_RULES = ("responses", "responses_sglang_server")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Written by scripts/plan.py (the plan's record; the disk check counts without it).
 PLAN_FILE = "results/plan.json"
@@ -66,7 +66,7 @@ def config_jobs(config: dict) -> list[Job]:
     """Every job kind the config's workflow has, one per rule and partition: what a dry-run checks."""
     jobs = []
     for p in config["partitions"]:
-        responses = "responses_sglang_server" if served_by_launched_server(config, p) else "responses"
+        responses = GENERATION[inference_backend(config, p)].rule(config)
         jobs += [Job(f"prompts_{p}", p), Job(responses, p), Job("tokens", p), Job("hidden_states", p)]
         jobs += [Job("probe", p), Job("partition_summary", p), Job("export", p)]
     if "evaluate" in config:
@@ -110,9 +110,9 @@ def problems(
 
 
 def openrouter_partitions(config: dict, jobs: Iterable[Job]) -> list[str]:
-    """The partitions whose scheduled responses jobs call OpenRouter."""
+    """The partitions whose scheduled responses jobs call OpenRouter (a priced API)."""
     responses = {j.partition for j in jobs if j.rule in RESPONSE_RULES}
-    return sorted(p for p in responses if inference_backend(config, p) == "openrouter")
+    return sorted(p for p in responses if GENERATION[inference_backend(config, p)].priced)
 
 
 def _openrouter_problems(config: dict, partitions: list[str], environ: Mapping[str, str]) -> list[str]:
@@ -192,7 +192,7 @@ def _sglang_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) 
     `launch.command` names, or `torchrun`'s); a URL-only server is the user's and needs nothing here."""
     found = []
     launch = (config["inference"].get("sglang") or {}).get("launch") or {}
-    if any(j.rule == "responses_sglang_server" for j in jobs):
+    if any(j.rule == SERVED_RESPONSE_RULE for j in jobs):
         command = launch.get("command") or ["python"]
         python = _interpreter(command[0], environ)
         if python and not _runs(python, SGLANG_IMPORTABLE, environ):
@@ -202,7 +202,8 @@ def _sglang_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) 
                 "inference.sglang.launch.command to an interpreter that has it (e.g. [.venv-sglang/bin/python, -m, "
                 "sglang.launch_server] after make sglang-env)"
             )
-    if config["hidden_states"]["backend"] == "sglang" and any(j.rule == "hidden_states" for j in jobs):
+    capture = CAPTURE[config["hidden_states"]["backend"]]
+    if capture.imports and any(j.rule == "hidden_states" for j in jobs):
         python = _interpreter("torchrun", environ)
         if python and not _runs(python, SGLANG_IMPORTABLE, environ):
             found.append(

@@ -18,6 +18,11 @@ class HFCapture:
     packed = False  # right-padded batches
     ranks = SingleProcess()
 
+    @classmethod
+    def for_job(cls, hidden: dict, model: dict) -> HFCapture:
+        """The capture the `hidden_states` and `model` settings configure (plugins.CaptureBackend)."""
+        return cls(model["path"], hidden["aux_layers"], hidden["final"], hidden["hf"], model["trust_remote_code"])
+
     def __init__(self, model_path: str | Path, aux_spec, final: str, settings: dict, trust_remote_code=False):
         self.lm = load_causal_lm(model_path, settings, trust_remote_code)
         config = self.lm.config

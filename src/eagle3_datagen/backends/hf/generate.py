@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from eagle3_datagen.backends.base import Turn
+from eagle3_datagen.backends.base import Turn, journal_fingerprint
 from eagle3_datagen.backends.batching import pad_batch
 from eagle3_datagen.backends.hf.model import load_causal_lm
 from eagle3_datagen.backends.rendered import RenderedChat
@@ -26,12 +26,18 @@ class HFBackend:
 
     name = "hf"
 
+    @classmethod
+    def for_job(cls, settings: dict, server_alive=None) -> HFBackend:
+        """The backend a responses job's settings (plugins.GenerationBackend) configure."""
+        return cls(settings["model"]["path"], settings["sampling"], settings["hf"], settings["model"])
+
     def __init__(self, model_path: str | Path, sampling: dict, settings: dict, model_settings: dict):
         self.model = Path(model_path).name
         self.chat = RenderedChat(model_path, model_settings)
         self.tokenizer, self.specials = self.chat.tokenizer, self.chat.specials
         self.lm = load_causal_lm(model_path, settings, model_settings["trust_remote_code"])
         self.sampling = sampling
+        self.settings = settings
         self.batch_size = settings["batch_size"]
         self.concurrency = self.batch_size  # one group in flight
         self.seed = sampling["seed"]
@@ -40,14 +46,15 @@ class HFBackend:
         self.pad_id = pad if pad is not None else self.specials.end_of_turn_id
 
     def fingerprint(self) -> dict:
-        # not batch_size or device: they change float bits, not meaning, and a journal resumes under others
-        return {
-            "backend": self.name,
-            "model": self.model,
-            "sampling": self.sampling,
-            "dtype": str(self.lm.dtype),  # as loaded
-            "chat_template_kwargs": self.chat.template_kwargs,
-        }
+        # not batch_size or device (run-only): they change float bits, not meaning, and a journal resumes under others
+        return journal_fingerprint(
+            self.name,
+            self.model,
+            self.sampling,
+            self.settings,
+            dtype=str(self.lm.dtype),  # as loaded
+            chat_template_kwargs=self.chat.template_kwargs,
+        )
 
     # The setting that caps an answer's length (a dotted path into the fingerprint): a raised one keeps the
     # answers that ended within the old one.

@@ -6,7 +6,7 @@ with the service's GPUs), which ends at the latest with the allocation. SLURM ki
 leaves behind when the step ends (proctrack/cgroup) and cancels a step whose srun client is gone, so
 the service outlives the job that started it only where that job runs in the allocation's batch
 step: the GPU stages' jobs do, as jobs that launch their own processes, one per GPU
-(`workflow.settings.cluster_job`). A job in a step of its own gets a service that ends with it. Each
+(`workflow.placement.cluster_job`). A job in a step of its own gets a service that ends with it. Each
 allocation has its own node directory.
 """
 

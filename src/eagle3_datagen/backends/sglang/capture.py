@@ -359,3 +359,11 @@ def load_sglang_capture(
         flags += CPU_SERVER_FLAGS
     runner = SGLangModelRunner(flags, rank=rank, gpu_id=local_rank)
     return SGLangCapture(runner, aux_spec, final)
+
+
+def capture_for_job(hidden: dict, model: dict) -> SGLangCapture:
+    """The capture the `hidden_states` and `model` settings configure (plugins.CaptureBackend)."""
+    return load_sglang_capture(
+        model["path"], hidden["aux_layers"], hidden["final"], hidden["sglang"], model["trust_remote_code"],
+        hidden["max_batch_tokens"],
+    )

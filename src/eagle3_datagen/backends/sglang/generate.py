@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_datagen.backends.base import RetryableError, ServerError, ServerGone, Turn
+from eagle3_datagen.backends.base import RetryableError, ServerError, ServerGone, Turn, journal_fingerprint
 from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
 from eagle3_datagen.backends.rendered import RenderedChat
@@ -58,6 +58,12 @@ def _check_generation(body: dict) -> None:
 class SGLangBackend:
     name = "sglang"
 
+    @classmethod
+    def for_job(cls, settings: dict, server_alive=None) -> SGLangBackend:
+        """The backend a responses job's settings (plugins.GenerationBackend) configure; `server_alive`:
+        whether the server this job launched still runs (None: not launched here)."""
+        return cls(settings["model"]["path"], settings["sampling"], settings["sglang"], settings["model"], server_alive)
+
     def __init__(
         self,
         model_path: str | Path,
@@ -72,6 +78,7 @@ class SGLangBackend:
         self.chat = RenderedChat(model_path, model_settings)
         self.specials = self.chat.specials
         self.sampling = sampling
+        self.settings = settings
         self.short, self.long = tiers_from_config(settings, sampling["max_new_tokens"])
         self.concurrency = self.short.concurrency + self.long.concurrency
         self.url = settings["url"]
@@ -89,18 +96,14 @@ class SGLangBackend:
         }
 
     def fingerprint(self) -> dict:
-        return {
-            "backend": self.name,
-            "model": self.model,
-            "sampling": self.sampling,
-            # not the tiers' concurrency: a journal resumes under another one
-            "tiers": [{k: v for k, v in t.__dict__.items() if k != "concurrency"} for t in (self.short, self.long)],
-            "chat_template_kwargs": self.chat.template_kwargs,
-        }
+        # not the tiers' concurrency (run-only): a journal resumes under another one
+        return journal_fingerprint(
+            self.name, self.model, self.sampling, self.settings, chat_template_kwargs=self.chat.template_kwargs
+        )
 
-    # The settings that cap an answer's length (dotted paths into the fingerprint; the tiers in order short,
-    # long): a raised one keeps the answers that ended within the old one.
-    limit_keys = ("tiers.0.max_tokens", "tiers.1.max_tokens", "sampling.max_new_tokens")
+    # The settings that cap an answer's length (dotted paths into the fingerprint): a raised one keeps the
+    # answers that ended within the old one.
+    limit_keys = ("sglang.tiers.short.max_tokens", "sglang.tiers.long.max_tokens", "sampling.max_new_tokens")
 
     def limit_for(self, message: dict) -> int:
         """The token limit a recorded turn would be answered under now: its tier's (a tier is chosen by the

@@ -83,6 +83,14 @@ def launched_server(model_path: str | Path, url: str, launch: dict, log_path: st
         log.info("SGLang server stopped")
 
 
+def service_for_job(settings: dict, server_log: str | None) -> Service:
+    """The server a responses job's settings launch (plugins.GenerationBackend.service)."""
+    sglang = settings["sglang"]
+    log = server_log or "sglang-server.log"
+    model_path, gpus, handover = settings["model"]["path"], settings["gpus"], settings["handover"]
+    return server_service(model_path, sglang["url"], sglang["launch"], log, gpus, handover)
+
+
 def server_service(
     model_path: str | Path, url: str, launch: dict, log_path: str | Path, gpus: int = 0, handover: dict | None = None
 ) -> Service:

@@ -6,19 +6,20 @@ keep their declared tools and their recorded calls and results in OpenAI layout,
 Kimi's call ids: generation compares the regenerated calls with them and reuses the
 results of those that match (docs/formats.md).
 
-- `common`: the parsed conversation, skip and bad-record reasons, tool and call readers.
+- `common`: the layouts' registry (`LAYOUTS`: a parser registers itself with `@layout(name, needs)`; a
+  new layout is a module here, imported by `prompts`, and the schema's `format` enum),
+  the parsed conversation, skip and bad-record reasons, tool and call readers.
 - `chats`: ShareGPT (with Hermes' and ToolACE's tool dialects), OpenAI, Alpaca, problem/solution,
   query/answer.
 - `toolcalls`: glaive, Hermes tags, ToolACE's function list and calls, xLAM.
 - `prompts`: the layout per record, call linking, the turns a prompt keeps, ids, `normalize`.
 """
 
-from eagle3_datagen.formats.datasets.common import BadRecord, Parsed, SkipRecord
+from eagle3_datagen.formats.datasets.common import LAYOUTS, BadRecord, Layout, Parsed, SkipRecord
 from eagle3_datagen.formats.datasets.prompts import (
-    FORMATS,
-    PARSERS,
+    LAYOUT_CHOICES,
     conversation_id,
-    detect_format,
+    detect_layout,
     link_tool_calls,
     normalize,
     parse,
@@ -27,13 +28,14 @@ from eagle3_datagen.formats.datasets.prompts import (
 )
 
 __all__ = [
-    "FORMATS",
-    "PARSERS",
+    "LAYOUTS",
+    "LAYOUT_CHOICES",
     "BadRecord",
+    "Layout",
     "Parsed",
     "SkipRecord",
     "conversation_id",
-    "detect_format",
+    "detect_layout",
     "link_tool_calls",
     "normalize",
     "parse",

@@ -3,7 +3,7 @@ messages, Alpaca, and the problem/solution and query/answer columns of code data
 
 from __future__ import annotations
 
-from eagle3_datagen.formats.datasets import toolcalls
+from eagle3_datagen.formats.datasets import common, toolcalls
 from eagle3_datagen.formats.datasets.common import Parsed, SkipRecord, call, count_ignored, json_value, text, tools
 
 SHAREGPT_ROLES = {
@@ -155,6 +155,7 @@ def _dialect_turns(parsed: Parsed, dialect: str) -> None:
     parsed.messages = messages
 
 
+@common.layout("sharegpt", "conversations (a list of {from, value})")
 def parse_sharegpt(record: dict, dialect: str | None = None) -> Parsed:
     """ShareGPT `conversations` of {from, value} (or {role, content}), with LLaMA-Factory's `tools` and `system` columns
     (data/README.md: "system: the column name in the dataset containing the system prompts").
@@ -181,14 +182,17 @@ def parse_sharegpt(record: dict, dialect: str | None = None) -> Parsed:
     return parsed
 
 
+@common.layout("hermes", "conversations (a list of {from, value})")
 def parse_hermes(record: dict) -> Parsed:
     return parse_sharegpt(record, "hermes")
 
 
+@common.layout("toolace", "conversations (a list of {from, value})")
 def parse_toolace(record: dict) -> Parsed:
     return parse_sharegpt(record, "toolace")
 
 
+@common.layout("openai", "messages (a list of {role, content})")
 def parse_openai(record: dict) -> Parsed:
     parsed = _turns(record, "messages", "role")
     count_ignored(record, OPENAI_FIELDS, parsed.notes)
@@ -207,6 +211,7 @@ def _exchange(user, answer, fields: frozenset[str], record: dict, system=None) -
     return parsed
 
 
+@common.layout("alpaca", "instruction and output")
 def parse_alpaca(record: dict) -> Parsed:
     instruction = record["instruction"]
     extra = record.get("input") or ""
@@ -224,10 +229,12 @@ def parse_alpaca(record: dict) -> Parsed:
     return parsed
 
 
+@common.layout("problem_solution", "problem and solution")
 def parse_problem_solution(record: dict) -> Parsed:
     return _exchange(record["problem"], record.get("solution"), PROBLEM_FIELDS, record)
 
 
+@common.layout("query_answer", "query or question, and answer")
 def parse_query_answer(record: dict) -> Parsed:
     user = record["query"] if "query" in record else record["question"]
     return _exchange(user, record.get("answer"), QUERY_FIELDS, record)

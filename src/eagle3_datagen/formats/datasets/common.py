@@ -1,16 +1,18 @@
-"""What every layout's parser shares: the parsed conversation, the reasons a record yields no
-prompt, and the readers of tool definitions and recorded calls that arrive as JSON text or as
-Python literals."""
+"""What every layout's parser shares: the registry of dataset layouts (`LAYOUTS`: a parser registers
+itself with `@layout`), the parsed conversation, the reasons a record yields no prompt, and the readers of
+tool definitions and recorded calls that arrive as JSON text or as Python literals."""
 
 from __future__ import annotations
 
 import ast
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
 
 from eagle3_datagen.chat.tool_calls import openai_tool
+from eagle3_datagen.registry import Registry
 
 
 class SkipRecord(Exception):
@@ -105,3 +107,27 @@ def count_ignored(record: dict, used: frozenset[str], notes: Counter, prefix: st
     for key in record:
         if key not in used:
             notes[f"{prefix}:{key}"] += 1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A dataset layout (a partition's `format`): the parser of its records and what a record needs,
+    quoted when one is not of it."""
+
+    name: str
+    parse: Callable[[dict], Parsed]
+    needs: str
+
+
+# Every dataset layout, in the order their modules register them; the schema's `format` enum is these and `auto`.
+LAYOUTS: Registry[Layout] = Registry("dataset layout")
+
+
+def layout(name: str, needs: str) -> Callable[[Callable[[dict], Parsed]], Callable[[dict], Parsed]]:
+    """Registers the decorated parser as the layout `name`, whose records need `needs`."""
+
+    def register(parse: Callable[[dict], Parsed]) -> Callable[[dict], Parsed]:
+        LAYOUTS.register(name)(Layout(name, parse, needs))
+        return parse
+
+    return register

@@ -5,42 +5,19 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import orjson
 
 from eagle3_datagen.chat.tool_calls import openai_call
-from eagle3_datagen.formats.datasets import chats, toolcalls
-from eagle3_datagen.formats.datasets.common import BadRecord, Parsed, SkipRecord
+from eagle3_datagen.formats.datasets import chats, toolcalls  # noqa: F401  (their layouts register)
+from eagle3_datagen.formats.datasets.common import LAYOUTS, BadRecord, Parsed, SkipRecord
 from eagle3_datagen.formats.files import InputError
 from eagle3_datagen.formats.sources import Resolved, Source, iter_source, resolve
 
-PARSERS: dict[str, Callable[[dict], Parsed]] = {
-    "sharegpt": chats.parse_sharegpt,
-    "openai": chats.parse_openai,
-    "alpaca": chats.parse_alpaca,
-    "glaive": toolcalls.parse_glaive,
-    "hermes": chats.parse_hermes,
-    "toolace": chats.parse_toolace,
-    "xlam": toolcalls.parse_xlam,
-    "problem_solution": chats.parse_problem_solution,
-    "query_answer": chats.parse_query_answer,
-}
-
-FORMATS = (*PARSERS, "auto")
-
-REQUIRED_KEYS = {
-    "sharegpt": "conversations (a list of {from, value})",
-    "hermes": "conversations (a list of {from, value})",
-    "toolace": "conversations (a list of {from, value})",
-    "openai": "messages (a list of {role, content})",
-    "alpaca": "instruction and output",
-    "glaive": "chat (a string)",
-    "xlam": "query, tools and answers",
-    "problem_solution": "problem and solution",
-    "query_answer": "query or question, and answer",
-}
+# A partition's `format`: a registered layout, or `auto` (each record's own, `detect_layout`).
+LAYOUT_CHOICES = (*LAYOUTS, "auto")
 
 # The reasons of records that are no JSON object (files.iter_jsonl), not records of another layout.
 UNREADABLE = ("malformed JSON", "expected a JSON object")
@@ -48,7 +25,7 @@ UNREADABLE = ("malformed JSON", "expected a JSON object")
 BAD_EXAMPLES = 5
 
 
-def detect_format(record: dict) -> str | None:
+def detect_layout(record: dict) -> str | None:
     """The layout a record's keys name; None when they name none."""
     if "messages" in record:
         return "openai"
@@ -69,14 +46,14 @@ def detect_format(record: dict) -> str | None:
 
 def parse(record: dict, fmt: str) -> tuple[str, Parsed]:
     """(the layout read, the conversation); raises BadRecord when the record is not of that layout."""
-    record_format = detect_format(record) if fmt == "auto" else fmt
+    record_format = detect_layout(record) if fmt == "auto" else fmt
     if record_format is None:
         raise BadRecord(f"no known layout has the keys {sorted(record)}")
     try:
-        return record_format, PARSERS[record_format](record)
+        return record_format, LAYOUTS[record_format].parse(record)
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise BadRecord(
-            f"not a {record_format} record ({type(exc).__name__}: {exc}); it needs {REQUIRED_KEYS[record_format]}"
+            f"not a {record_format} record ({type(exc).__name__}: {exc}); it needs {LAYOUTS[record_format].needs}"
         ) from None
 
 
@@ -183,8 +160,8 @@ def normalize(
     before the end. `resolved`: the source's files, when the caller resolved it already.
     """
     spec = source if isinstance(source, Source) else Source(str(source))
-    if fmt not in FORMATS:
-        raise InputError(spec.source, None, f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+    if fmt not in LAYOUT_CHOICES:
+        raise InputError(spec.source, None, f"unknown format {fmt!r}", f"use one of {', '.join(LAYOUT_CHOICES)}")
     resolved = resolved or resolve(spec)
     single = resolved.parts == [spec.source]
     bad = bad_examples if bad_examples is not None else []
@@ -203,7 +180,7 @@ def normalize(
     for file, line_no, record in iter_source(resolved, unreadable):
         stats["records"] += 1
         if fmt == "auto":
-            stats[f"layout:{detect_format(record) or 'unknown'}"] += 1
+            stats[f"layout:{detect_layout(record) or 'unknown'}"] += 1
         try:
             record_format, parsed = parse(record, fmt)
         except BadRecord as exc:
@@ -246,5 +223,6 @@ def _check_bad_rate(source, fmt: str, stats: Counter, bad: list, max_rate: float
         fix = f"make each line {whole}, or {raise_rate}"
     else:
         problem = f"{count} as {fmt!r} {rate}; first: {examples}"
-        fix = f"set the partition's format to the dataset's layout (one of {', '.join(FORMATS)}), or {raise_rate}"
+        choices = ", ".join(LAYOUT_CHOICES)
+        fix = f"set the partition's format to the dataset's layout (one of {choices}), or {raise_rate}"
     raise InputError(first.get("file", source), first["line"], problem, fix)

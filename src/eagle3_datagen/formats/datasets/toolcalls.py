@@ -10,6 +10,7 @@ import re
 
 import orjson
 
+from eagle3_datagen.formats.datasets import common
 from eagle3_datagen.formats.datasets.common import Parsed, SkipRecord, call, count_ignored, json_value, literal, tools
 
 GLAIVE_MARKERS = re.compile(r"(USER:|ASSISTANT:|FUNCTION RESPONSE:)")
@@ -85,6 +86,7 @@ def glaive_call(body: str) -> dict | None:
         return None
 
 
+@common.layout("glaive", "chat (a string)")
 def parse_glaive(record: dict) -> Parsed:
     """glaiveai/glaive-function-calling-v2: a `system` string (prose + JSON functions) and a `chat`
     string of `USER:` / `ASSISTANT:` / `FUNCTION RESPONSE:` turns, calls as `<functioncall> {...}`."""
@@ -244,6 +246,7 @@ def xlam_tool(definition: dict) -> dict:
     return {"type": "function", "function": function}
 
 
+@common.layout("xlam", "query, tools and answers")
 def parse_xlam(record: dict) -> Parsed:
     """xLAM / APIGen: the query is the user turn, the recorded answers the first assistant turn's calls."""
     query = record["query"]

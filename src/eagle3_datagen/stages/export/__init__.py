@@ -36,11 +36,9 @@ from eagle3_datagen.formats.checksums import ALGORITHM
 from eagle3_datagen.formats.files import atomic_dir, write_json
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.formats.storage import export_read_ahead
+from eagle3_datagen.stages.export import specforge, speculators  # noqa: F401  (their exporters register)
+from eagle3_datagen.stages.export.exporters import EXPORTS
 from eagle3_datagen.stages.export.files import ExportFiles
-from eagle3_datagen.stages.export.specforge import SpecForgeExport
-from eagle3_datagen.stages.export.speculators import SpeculatorsExport
-
-FORMATS = ("specforge", "speculators")
 
 
 def _shards(shard_dirs: list[str | Path]) -> list[HiddenShard]:
@@ -108,16 +106,13 @@ def export(
     name it in their training command; `vocab_dir` is the vocab stage's directory, whose d2t/t2d (of
     `draft_vocab_size` entries) the exports name, not copy: one partition's change then reruns only
     its own export. Samples whose id is in `held_out` (the evaluation's) are not exported. `settings`:
-    the validated `export` section (the SpecForge rows' compression); `threads`: the threads that
+    the validated `export` section (each exporter reads its own, `export.<fmt>`); `threads`: the threads that
     read parts and write samples."""
-    if fmt not in FORMATS:
-        raise ValueError(f"export format must be one of {FORMATS}, not {fmt!r}")
+    if fmt not in EXPORTS:
+        raise ValueError(f"export format must be one of {EXPORTS.names()}, not {fmt!r}")
     shards = _shards(shard_dirs)
     index = shards[0].index if shards else {"aux_layers": [], "final": "raw", "hidden_size": 0}
-    if fmt == "specforge":
-        writer = SpecForgeExport(shards, model_path, vocab_dir, draft_vocab_size, (settings or {}).get("specforge"))
-    else:
-        writer = SpeculatorsExport(shards, model_path, vocab_dir, draft_vocab_size)
+    writer = EXPORTS[fmt](shards, model_path, vocab_dir, draft_vocab_size, (settings or {}).get(fmt) or {})
     out_dir = Path(out_dir)
     held_out = set(held_out)
     with atomic_dir(out_dir) as tmp:

@@ -24,6 +24,7 @@ from safetensors.torch import save as safetensors_bytes
 
 from eagle3_datagen.formats.checksums import ALGORITHM
 from eagle3_datagen.formats.hidden_shard import HiddenShard
+from eagle3_datagen.stages.export.exporters import EXPORTS
 from eagle3_datagen.stages.export.files import ExportFiles
 
 SPECULATORS_RELEASE = "speculators==0.9.0"
@@ -121,8 +122,10 @@ def _readme(command: str, summary: dict) -> bytes:
     ).encode()
 
 
+@EXPORTS.register("speculators")
 class SpeculatorsExport:
-    """Rows and files of one speculators export (`export.export` drives it)."""
+    """Rows and files of one speculators export (`export.export` drives it); it has no settings of its
+    own (`settings`: {})."""
 
     def __init__(
         self,
@@ -130,6 +133,7 @@ class SpeculatorsExport:
         model_path: str | Path | None,
         vocab_dir: str | Path | None,
         draft_vocab_size: int | None,
+        settings: dict,
     ):
         index = shards[0].index if shards else {"aux_layers": [], "final": "raw"}
         if index["final"] == "normed":

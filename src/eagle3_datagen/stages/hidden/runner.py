@@ -27,6 +27,7 @@ import traceback
 from pathlib import Path
 
 from eagle3_datagen.backends.base import CaptureBackend, ServerError
+from eagle3_datagen.backends.plugins import CAPTURE
 from eagle3_datagen.backends.service import Service
 from eagle3_datagen.backends.service.lease import Lease, using
 from eagle3_datagen.backends.service.record import SERVICE_DIR_ENV, mark_loaded, pid_alive
@@ -39,7 +40,7 @@ POLL_S = 0.5
 RERUN = "rerun the job once the cause is fixed: the shard's complete parts are kept, the rest is captured"
 # What the runner's loaded model depends on; the other hidden-state settings (storage, thresholds) are
 # each shard's own.
-LOAD_KEYS = ("backend", "aux_layers", "final", "max_batch_tokens", "hf", "sglang")
+LOAD_KEYS = ("backend", "aux_layers", "final", "max_batch_tokens", *CAPTURE)
 
 
 class CaptureFailed(RuntimeError):
@@ -59,12 +60,13 @@ def runner_service(settings: dict, threads: int, script: str | Path) -> Service:
         "threads": threads,
     }
     args = [str(script), "--settings", json.dumps(settings, sort_keys=True), "--threads", str(threads)]
-    if hidden["backend"] == "sglang":
+    capture = CAPTURE[hidden["backend"]]
+    if capture.tensor_parallel:
         gpus = settings["tensor_parallel"]
         command = ["torchrun", "--standalone", "--nproc-per-node", str(gpus), *args]
         loads["tensor_parallel"] = gpus
     else:
-        gpus = settings["tensor_parallel"] if hidden["hf"]["device"] == "cuda" else 0
+        gpus = settings["tensor_parallel"] if capture.gpu(hidden[capture.name]) else 0
         command = [sys.executable, *args]
     runner = hidden["runner"]
     return Service(
@@ -83,22 +85,7 @@ def runner_service(settings: dict, threads: int, script: str | Path) -> Service:
 
 def load_capture(settings: dict) -> CaptureBackend:
     """The configured backend's model, loaded for capture (under torchrun for `sglang`: this rank's slice)."""
-    hidden, model = settings["hidden_states"], settings["model"]
-    trust_remote_code = model["trust_remote_code"]
-    if hidden["backend"] == "sglang":
-        from eagle3_datagen.backends.sglang.capture import load_sglang_capture
-
-        return load_sglang_capture(
-            model["path"],
-            hidden["aux_layers"],
-            hidden["final"],
-            hidden["sglang"],
-            trust_remote_code,
-            hidden["max_batch_tokens"],
-        )
-    from eagle3_datagen.backends.hf.capture import HFCapture
-
-    return HFCapture(model["path"], hidden["aux_layers"], hidden["final"], hidden["hf"], trust_remote_code)
+    return CAPTURE[settings["hidden_states"]["backend"]].load(settings["hidden_states"], settings["model"])
 
 
 # The runner's side
@@ -110,7 +97,7 @@ def serve(settings: dict) -> None:
     capture = load_capture(settings)
     ranks = capture.ranks
     # the capture's processes on this node: one per GPU under torchrun, each busy with the forward passes
-    processes = settings["tensor_parallel"] if settings["hidden_states"]["backend"] == "sglang" else 1
+    processes = settings["tensor_parallel"] if CAPTURE[settings["hidden_states"]["backend"]].tensor_parallel else 1
     requests = Path(os.environ[SERVICE_DIR_ENV]) / "requests"
     if ranks.writer:
         requests.mkdir(exist_ok=True)

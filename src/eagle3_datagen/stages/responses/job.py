@@ -7,6 +7,7 @@ import logging
 
 from eagle3_datagen.backends.base import MissingApiKey, ServerError, ServerGone
 from eagle3_datagen.backends.ledger import Ledger, LedgerError
+from eagle3_datagen.backends.plugins import GENERATION, GenerationBackend
 from eagle3_datagen.formats.files import DiskFull, reporting_full_disk
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
 
@@ -31,7 +32,7 @@ def ledger_for(settings: dict, backend, out: str) -> Ledger | None:
     directory = settings.get("ledger_dir")  # absent: a shard answered outside the workflow
     if directory is None:
         return None
-    if settings["backend"] == "openrouter":
+    if GENERATION[settings["backend"]].priced:
         return Ledger(directory, backend.name, backend.model, out, backend.concurrency)
     if budgets_from(settings).any:
         return Ledger(directory, backend.name, backend.model, out, None)
@@ -43,7 +44,8 @@ def run_response_job(
 ) -> None:
     """`shards`: (prompts, out, stats) paths. `settings`: the job's response settings (the rule's merged
     with the run-only ones); `run_settings`: those run-only ones, recorded in each shard's stats."""
-    if settings["backend"] == "dataset":  # the records' own turns: no model, no journal, no budget
+    entry = GENERATION[settings["backend"]]
+    if entry.implementation is None:  # the records' own turns: no model, no journal, no budget
         from eagle3_datagen.stages.responses.original import original_responses, think_tokens
 
         think = think_tokens(settings["model"])
@@ -52,19 +54,19 @@ def run_response_job(
                 original_responses(prompts, out, stats, settings["dataset"], think)
         return
     provenance = {"run_settings": (run_settings or {}).get(settings["backend"]) or {}}
-    launch = settings["sglang"].get("launch") if settings["backend"] == "sglang" else None
+    launch = settings[entry.name].get("launch") if entry.node_service(settings.get(entry.name) or {}) else None
     restarts = launch["max_service_restarts"] if launch else 0
     pending = list(shards)
     try:
         # hf's model loads once for every shard; an HTTP backend's session and slots belong to one
         # event loop (one shard's), so each shard gets its own.
-        shared = _backend(settings) if settings["backend"] == "hf" else None
+        shared = entry.build(settings) if entry.in_process else None
         for restart in range(restarts + 1):
-            with _server(settings, server_log, provenance) as lease:
+            with _server(entry, settings, server_log, provenance) as lease:
                 try:
                     while pending:
                         prompts, out, stats = pending[0]
-                        backend = shared or _backend(settings, lease.running if lease else None)
+                        backend = shared or entry.build(settings, lease.running if lease else None)
                         with reporting_full_disk(out):
                             result = run_journaled_responses(
                                 prompts,
@@ -95,34 +97,12 @@ def run_response_job(
         raise JobError(str(e)) from None
 
 
-def _backend(settings: dict, server_alive=None):
-    """`server_alive`: whether the SGLang server this job launched still runs (None: not launched here)."""
-    if settings["backend"] == "hf":
-        from eagle3_datagen.backends.hf.generate import HFBackend
-
-        return HFBackend(settings["model"]["path"], settings["sampling"], settings["hf"], settings["model"])
-    if settings["backend"] == "sglang":
-        from eagle3_datagen.backends.sglang.generate import SGLangBackend
-
-        sglang = settings["sglang"]
-        return SGLangBackend(settings["model"]["path"], settings["sampling"], sglang, settings["model"], server_alive)
-    if settings["backend"] == "openrouter":
-        from eagle3_datagen.backends.openrouter import OpenRouterBackend
-
-        return OpenRouterBackend(settings["sampling"], settings["openrouter"])
-    raise JobError(f"unknown inference backend {settings['backend']!r}")
-
-
-def _server(settings: dict, server_log: str | None, provenance: dict):
-    """The node's shared SGLang server when the config launches one (every shard job on the node uses it)."""
-    if settings["backend"] != "sglang" or "launch" not in settings["sglang"]:
+def _server(entry: GenerationBackend, settings: dict, server_log: str | None, provenance: dict):
+    """The node's shared server when the config launches one (every shard job on the node uses it)."""
+    service = entry.launched_service(settings, server_log)
+    if service is None:
         return contextlib.nullcontext()
     from eagle3_datagen.backends.service.lease import using
-    from eagle3_datagen.backends.sglang.server import server_service
 
-    sglang = settings["sglang"]
-    url, model_path = sglang["url"], settings["model"]["path"]
-    launch, server_log = sglang["launch"], server_log or "sglang-server.log"
-    service = server_service(model_path, url, launch, server_log, settings["gpus"], settings["handover"])
     provenance["server_command"] = service.command
     return using(service)

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TokenSettings:
-    """The `tokens` settings (schemas/config.schema.yaml says each one's meaning and default)."""
+    """The `tokens` settings (config.schema.yaml says each one's meaning and default)."""
 
     thinking: str
     prefer_ids: str  # "server" | "text"

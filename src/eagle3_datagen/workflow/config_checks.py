@@ -1,0 +1,153 @@
+"""What the Snakefile refuses before any job: sources that cannot be read, a demo that would replace a model
+it did not make, and settings that no reader, export or job could take; one message each, naming the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eagle3_datagen.formats import sources
+from eagle3_datagen.formats.checkpoint import text_config
+from eagle3_datagen.formats.files import SOURCE_SUFFIXES, InputError
+from eagle3_datagen.workflow.partitions import hub_commit_or_error
+
+
+def missing_sources(config: dict, config_files: list) -> list[str]:
+    """One message per partition whose source cannot be read, naming what to fix: a path that does
+    not exist, a glob that matches nothing, a file of no known type, a hub dataset not in the cache."""
+    where = ", ".join(str(f) for f in config_files)
+    problems = []
+    for name, part in sorted(config["partitions"].items()):
+        source = part["source"]
+        if sources.is_hub(source):
+            commit = hub_commit_or_error(sources.hub_repo(source), part.get("revision"))
+            if isinstance(commit, InputError):
+                problems.append(f"partition {name!r}: {commit} (set in {where})")
+            continue
+        if sources.is_glob(source):
+            if not sources.glob_files(source):
+                problems.append(
+                    f"partition {name!r}: source {source!r} matches no file (set in {where}; resolved from "
+                    f"{Path.cwd()}). Fix the pattern, or put the files there."
+                )
+        elif not Path(source).exists():
+            problems.append(
+                f"partition {name!r}: source {source!r} does not exist (set in {where}; "
+                f"resolved from {Path.cwd()}). Fix the path, or put the file there."
+            )
+        elif Path(source).is_file() and not source.endswith(SOURCE_SUFFIXES):
+            problems.append(
+                f"partition {name!r}: source {source!r} is of no type the prompts stage reads (set in {where}). "
+                f"Fix: use one of {', '.join(SOURCE_SUFFIXES)}, a directory of them, a `save_to_disk` "
+                "directory or hf:owner/name (docs/sources.md)."
+            )
+        for key in ("subset", "split", "revision"):
+            if part.get(key) is not None and not _takes(source, key):
+                problems.append(
+                    f"partition {name!r}: `{key}` applies to {_TAKES[key]}, not to source {source!r} "
+                    f"(set in {where}). Fix: remove it, or point `source` at such a dataset."
+                )
+    return problems
+
+
+_TAKES = {
+    "subset": "a hub dataset (hf:owner/name) or a dataset directory",
+    "split": "a hub dataset (hf:owner/name) or a dataset directory",
+    "revision": "a hub dataset (hf:owner/name)",
+}
+
+
+def _takes(source: str, key: str) -> bool:
+    if sources.is_hub(source):
+        return True
+    return key != "revision" and not sources.is_glob(source) and Path(source).is_dir()
+
+
+# The only folder the demo may build its model in: Snakemake removes a directory() output before the job
+# that rebuilds it, so a demo pointed at a user's own model directory would delete it.
+DEMO_MODEL_ROOT = "results"
+
+
+def config_problems(config: dict, config_files: list, check_sources: bool) -> list[str]:
+    """What the Snakefile refuses before any job, one message each: a source that cannot be read
+    (`check_sources`: not with an object store as default storage, whose plugin checks its objects
+    itself), settings that would delete a model the workflow did not make, or that no reader (or the
+    evaluate stage) could take."""
+    missing = missing_sources(config, config_files) if check_sources else []
+    problems = demo_model_problems(config) + storage_problems(config) + evaluate_problems(config)
+    return missing + problems + gate_problems(config)
+
+
+def gate_problems(config: dict) -> list[str]:
+    """A repetition gate that could judge no text: its window holds fewer n-grams than it asks for."""
+    repetition = config["tokens"]["gates"]["repetition"]
+    holds = repetition["window"] - repetition["n"] + 1
+    if not repetition["enabled"] or repetition["min_ngrams"] <= holds:
+        return []
+    return [
+        f"tokens.gates.repetition: a window of {repetition['window']} words holds {holds} {repetition['n']}-grams, "
+        f"fewer than min_ngrams {repetition['min_ngrams']}, so no text would be judged; raise window or lower "
+        "min_ngrams (or set enabled: false)"
+    ]
+
+
+def demo_model_problems(config: dict) -> list[str]:
+    """A config with a `demo:` block builds its model at `model.path`: refused unless that path lies under
+    results/, the workflow's own folder, so that no run can replace a model the workflow did not make."""
+    if "demo" not in config:
+        return []
+    path = config["model"]["path"]
+    parts = Path(path).parts
+    if len(parts) > 1 and parts[0] == DEMO_MODEL_ROOT and ".." not in parts:
+        return []
+    return [
+        f"model.path {path!r} with a demo: block: the demo builds (and rebuilds, deleting the old one) its tiny "
+        f"model at model.path, so it must lie under {DEMO_MODEL_ROOT}/ (e.g. {DEMO_MODEL_ROOT}/demo/model). To run "
+        "your own model, delete the demo: block from your config and keep model.path; to run the demo, set "
+        f"model.path: {DEMO_MODEL_ROOT}/demo/model."
+    ]
+
+
+def storage_problems(config: dict) -> list[str]:
+    """One message per hidden-state setting that a reader or an export could not take, naming the
+    fix; checked before any job, so nothing is captured that cannot be used."""
+    hidden = config["hidden_states"]
+    problems = []
+    if "speculators" in config["export"]["formats"] and hidden["final"] == "normed":
+        problems.append(
+            "hidden_states.final: normed cannot be exported to speculators: speculators 0.9.0 applies the "
+            "verifier's final norm to the last slot itself and would norm it twice. Set hidden_states.final: raw "
+            "(the specforge export applies the norm where SpecForge needs it), or drop speculators from export.formats."
+        )
+    dtype, scales = hidden["dtype"], hidden["scales"]
+    if dtype.startswith("float8") and scales == "block":
+        hidden_size = demo_or_model_hidden_size(config)
+        block = hidden["scale_block"]
+        if hidden_size is not None and hidden_size % min(block, hidden_size):
+            problems.append(
+                f"hidden_states.scale_block {block} does not divide the model's hidden size {hidden_size}: "
+                "set a scale_block that divides it (or scales: token)."
+            )
+    return problems
+
+
+def demo_or_model_hidden_size(config: dict) -> int | None:
+    """The target's hidden size, where it is known before any job (the demo's config, or a model
+    directory that already exists)."""
+    if "demo" in config:
+        return config["demo"]["hidden_size"]
+    model_dir = Path(config["model"]["path"])
+    return int(text_config(model_dir)["hidden_size"]) if (model_dir / "config.json").exists() else None
+
+
+def evaluate_problems(config: dict) -> list[str]:
+    """Evaluate settings no job could run, refused before any job."""
+    if "evaluate" not in config:
+        return []
+    speculative = config["evaluate"]["speculative"]
+    found = []
+    if speculative["topk"] != 1:
+        found.append(
+            f"evaluate.speculative.topk is {speculative['topk']}: the CPU evaluation decodes one chain of "
+            "proposals (greedy, SGLang's topk 1); set it to 1"
+        )
+    return found
