@@ -437,10 +437,10 @@ DEMO_MODEL_ROOT = "results"
 def config_problems(config: dict, config_files: list, check_sources: bool) -> list[str]:
     """What the Snakefile refuses before any job, one message each: a source that cannot be read
     (`check_sources`: not with an object store as default storage, whose plugin checks its objects
-    itself), settings that would delete a model the workflow did not make, or that no reader (or the
-    evaluate stage) could take."""
+    itself), settings that would delete a model the workflow did not make, or that no reader could
+    take."""
     missing = missing_sources(config, config_files) if check_sources else []
-    problems = demo_model_problems(config) + storage_problems(config) + evaluate_problems(config)
+    problems = demo_model_problems(config) + storage_problems(config)
     return missing + problems + gate_problems(config)
 
 
@@ -520,17 +520,3 @@ SPECFORGE_PYTHON_ENV = "EAGLE3_DATAGEN_SPECFORGE_PYTHON"
 def evaluate_settings(config: dict) -> dict:
     """What shapes an evaluation (every `evaluate` key but the interpreter); {} without the stage."""
     return split(config.get("evaluate"), "evaluate")[0]
-
-
-def evaluate_problems(config: dict) -> list[str]:
-    """Evaluate settings no job could run, refused before any job."""
-    if "evaluate" not in config:
-        return []
-    speculative = config["evaluate"]["speculative"]
-    found = []
-    if speculative["topk"] != 1:
-        found.append(
-            f"evaluate.speculative.topk is {speculative['topk']}: the CPU evaluation decodes one chain of "
-            "proposals (greedy, SGLang's topk 1); set it to 1"
-        )
-    return found

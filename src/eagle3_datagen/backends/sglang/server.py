@@ -40,11 +40,16 @@ def wait_healthy(
     raise ServerError(f"the SGLang server exited while starting:\n{tail}")
 
 
+def launch_command(launch: dict, python: str = sys.executable) -> list[str]:
+    """`launch.command`, or absent `python -m sglang.launch_server`: no default in the schema, where it would
+    name one interpreter; `python` is the job's (its env's SGLang)."""
+    return launch.get("command") or [python, "-m", "sglang.launch_server"]
+
+
 def server_command(model_path: str | Path, url: str, launch: dict) -> list[str]:
     parsed = urlparse(url)
     return [
-        # no default in the schema: this interpreter's (the job's env's) SGLang
-        *launch.get("command", [sys.executable, "-m", "sglang.launch_server"]),
+        *launch_command(launch),
         "--model-path",
         str(model_path),
         "--host",
