@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 
-from eagle3_datagen.backends.base import MissingApiKey, RetryableError, Turn, finish_reason
+from eagle3_datagen.backends.base import MissingApiKey, RetryableError, Turn, finish_reason, generation_limit
 from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
 from eagle3_datagen.chat.tool_calls import calls_before, openai_call
@@ -49,10 +49,9 @@ class OpenRouterBackend:
             raise MissingApiKey(f"the environment variable {key_env} is not set; export the OpenRouter API key there")
         self.model = settings["model"]
         self.sampling = sampling
-        # absent: sampling.max_new_tokens, and no provider routing
-        self.max_tokens = settings.get("max_tokens", sampling["max_new_tokens"])
+        self.max_tokens = generation_limit(settings, sampling)
         self.concurrency = min(settings["concurrency"], MAX_CONCURRENCY)
-        self.provider = settings.get("provider")
+        self.provider = settings.get("provider")  # absent: no provider routing
         self.reasoning = settings["reasoning"]
         self.client = JsonClient(
             settings["base_url"],
