@@ -46,6 +46,11 @@ def launch_command(launch: dict, python: str = sys.executable) -> list[str]:
     return launch.get("command") or [python, "-m", "sglang.launch_server"]
 
 
+def launch_args(launch: dict) -> list[str]:
+    """`launch.args`, absent no flags: a schema default would change the params of every config without it."""
+    return launch.get("args", [])
+
+
 def server_command(model_path: str | Path, url: str, launch: dict) -> list[str]:
     parsed = urlparse(url)
     return [
@@ -56,7 +61,7 @@ def server_command(model_path: str | Path, url: str, launch: dict) -> list[str]:
         parsed.hostname or "127.0.0.1",
         "--port",
         str(parsed.port or 8000),
-        *launch.get("args", []),  # absent: no flags (a schema default would change the params of configs without it)
+        *launch_args(launch),
         *launch["run_args"],
     ]
 
