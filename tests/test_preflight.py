@@ -103,7 +103,8 @@ def test_sglang_must_be_importable_where_the_jobs_run_it_unless_conda_brings_it(
 
 
 def test_the_evaluate_jobs_need_specforges_interpreter_and_a_chain_of_proposals(tmp_path):
-    from eagle3_datagen.workflow.config_checks import evaluate_problems
+    from eagle3_datagen.config_schema import SCHEMA_PATH
+    from eagle3_datagen.workflow.config_errors import describe
 
     config = fill_defaults(kimi("sglang"))
     config["model"]["path"] = str(model_dir(tmp_path / "model"))
@@ -123,15 +124,13 @@ def test_the_evaluate_jobs_need_specforges_interpreter_and_a_chain_of_proposals(
     assert "set evaluate.device: cpu" in cpu_torch
     (conda,) = problems(config, jobs, {"PATH": VENV_BIN}, sglang_deployed=True)
     assert conda.startswith("evaluate.device is cuda, and --sdm conda runs the evaluate jobs in envs/specforge.yaml")
-    config["evaluate"]["device"] = "cpu"
-    assert evaluate_problems(config) == []
+    # a chain of proposals: the schema allows topk 1 only, and says why
     config["evaluate"]["speculative"]["topk"] = 4
-    (topk,) = evaluate_problems(config)
-    assert topk.startswith("evaluate.speculative.topk is 4: the CPU evaluation decodes one chain")
+    (topk,) = describe(config, SCHEMA_PATH, ["config.yaml"]).splitlines()[1:]
+    assert topk.startswith("- evaluate.speculative.topk: 4 is greater than the maximum of 1 (--speculative-eagle-topk;")
+    assert "decodes one chain of proposals" in topk
     config["evaluate"]["speculative"].update(topk=1, num_draft_tokens=8)  # SGLang sets num_steps + 1 at topk 1
-    assert evaluate_problems(config) == []
-    config["evaluate"]["baseline"] = "original"
-    assert evaluate_problems(config) == []
+    assert describe(config, SCHEMA_PATH, ["config.yaml"]).splitlines()[1:] == []
 
 
 def write_audits(results: Path, partition: str, shards: int, tokens: int, samples: int) -> None:

@@ -145,126 +145,89 @@ def changed(value, schema: dict):
     raise TypeError(value)
 
 
+# What the coverage sets itself, over config.yaml: the keys whose schema default no change can start from
+# (none, null or `auto`) or that a dry-run here needs (servers named, budgets no dry-run reaches, no GPU), and
+# the scenario:
+# an hf partition beside the API ones, no baseline twins and one export format, so that a change adds them.
+COVERAGE_VALUES = {
+    "model.family": "auto",
+    "model.chat_template_date": "2026-01-01",
+    "model.special_tokens.expected_ids": {"<|im_end|>": 151645},
+    "partitions.*.max_prompts": 1000,
+    "partitions.*.backend": "hf",
+    "inference.token_budget": 10**9,
+    "inference.sglang.served_model": "model",
+    "inference.sglang.launch.command": ["python", "-m", "sglang.launch_server"],
+    "inference.sglang.launch.args": ["--trust-remote-code"],
+    "inference.sglang.launch.run_args": ["--tp", "1"],
+    "inference.sglang.tiers.short.max_tokens": 48,
+    "inference.sglang.tiers.long.max_tokens": 48,
+    "inference.openrouter.model": "moonshotai/kimi-k2.5",
+    "inference.openrouter.max_tokens": 48,
+    "inference.openrouter.provider": {"sort": "price"},
+    "inference.openrouter.max_cost_usd": 10.0,
+    "hidden_states.writer_threads": 2,
+    "hidden_states.sglang.device": "cpu",  # no GPU here
+    "export.formats": ["specforge"],
+    "evaluate.baseline": "none",
+    "plan.model.num_layers": 8,
+    "plan.model.hidden_size": 64,
+    "plan.tokenizer": "resources/kimi-k2.5",
+    "resources.nodes": 4,
+    "resources.slurm.account": "proj",
+    "resources.slurm.gpu.qos": "week",
+    "resources.slurm.cpu.qos": "normal",
+}
+
+
+def schema_value(key: str, node: dict):
+    """A valid value for a key the config leaves out: its schema default, else the least its schema allows."""
+    if "default" in node:
+        return copy.deepcopy(node["default"])
+    if "enum" in node:
+        return node["enum"][0]
+    if node.get("type") == "boolean":
+        return False
+    if node.get("type") in ("integer", "number"):
+        return node.get("minimum", node.get("maximum", 1))
+    raise AssertionError(f"coverage_config has no value for {key}: give it one in COVERAGE_VALUES")
+
+
+def put(config: dict, key: str, value, partition: str = "demo_alpaca") -> None:
+    *parents, last = key.replace("*", partition).split(".")
+    node = config
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
 def coverage_config(hidden_backend: str) -> dict:
-    """The demo with a partition on each API backend and every schema key set, so each can change."""
+    """The demo with a partition on each API backend and every schema key that it can change set
+    (COVERAGE_VALUES' value, else config.yaml's, else the schema's), so each can change."""
     config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["hidden_states"]["backend"] = hidden_backend
+    for key, value in COVERAGE_VALUES.items():
+        put(config, key, copy.deepcopy(value))
+    for key, node in KEYS.items():
+        settable = not key.startswith("demo.") and (key not in NOT_CHANGED_HERE or "default" in node)
+        if settable and lookup(config, key) is None:
+            put(config, key, schema_value(key, node))
     alpaca = config["partitions"]["demo_alpaca"]
-    alpaca.update(max_prompts=1000, backend="hf", max_bad_record_rate=0.0, allow_empty=False)
-    config["prompts"] = {"shared_across_partitions": "keep"}
     config["partitions"]["cov_openrouter"] = {**alpaca, "shards": 1, "backend": "openrouter"}
     config["partitions"]["cov_sglang"] = {**alpaca, "shards": 1, "backend": "sglang"}
-    retry = {"max_attempts": 8, "initial_backoff": 1.0, "max_backoff": 60.0, "max_retry_after": 600.0}
-    config["model"].update(family="auto", chat_template_date="2026-01-01")
-    config["model"]["special_tokens"] = {
-        "end_of_turn": "auto",
-        "think_start": "<think>",
-        "think_end": "</think>",
-        "expected_ids": {"<|im_end|>": 151645},
-    }
-    config["inference"]["sampling"].update(top_p=1.0, top_k=0, seed=0)
-    config["inference"]["token_budget"] = 10**9
-    config["inference"]["max_failed_rate"] = 0.01
-    backend_sampling = {"max_new_tokens": 48, "temperature": 1.0, "top_p": 0.95, "top_k": 20, "seed": 1}
-    config["inference"]["sglang"] = {
-        "url": "http://localhost:8000",
-        "served_model": "model",
-        "request_timeout": 3600,
-        "health_timeout": 1800,
-        "launch": {
-            "command": ["python", "-m", "sglang.launch_server"],
-            "args": ["--trust-remote-code"],
-            "run_args": ["--tp", "1"],
-            "health_timeout": 1800,
-            "stop_timeout": 60,
-            "idle_timeout": 120,
-            "hang_timeout": 300,
-            "max_service_restarts": 2,
-        },
-        "tiers": {
-            "short": {"concurrency": 256, "max_tokens": 48, "max_prompt_tokens": 4096},
-            "long": {"concurrency": 32, "max_tokens": 48},
-        },
-        "sampling": dict(backend_sampling),
-        "retry": dict(retry),
-    }
-    config["inference"]["openrouter"] = {
-        "base_url": "https://openrouter.ai/api/v1",
-        "model": "moonshotai/kimi-k2.5",
-        "api_key_env": "OPENROUTER_API_KEY",
-        "concurrency": 256,
-        "max_tokens": 48,
-        "request_timeout": 900,
-        "reasoning": {"enabled": False},
-        "provider": {"sort": "price"},
-        "max_cost_usd": 10.0,
-        "price_per_million": {"prompt": 0.6, "completion": 3.0},
-        "sampling": dict(backend_sampling),
-        "retry": dict(retry),
-    }
-    switches = ("truncated", "empty", "content_filter", "refusal", "reasoning_leak", "tool_call_syntax")
-    gates = dict.fromkeys(switches, True)
-    repetition = {"enabled": True, "n": 4, "window": 256, "min_ngrams": 32, "max_rate": 0.5}
-    config["tokens"].update(audit_examples=5, loss_turns="all", gates={**gates, "repetition": repetition})
-    hidden = config["hidden_states"]
-    hidden.update(
-        backend=hidden_backend,
-        scales="token",
-        scale_block=128,
-        reference_positions=1024,
-        compress="none",
-        compress_level=3,
-        max_nonfinite_fraction=0.0,
-        runner={"idle_timeout": 120, "load_timeout": 3600},
-        writer_threads=2,
-        keep_shards=True,
-    )
-    if hidden_backend == "sglang":
-        del hidden["hf"]
-        hidden["sglang"] = {"dtype": "auto", "device": "cpu", "mem_fraction_static": 0.85, "server_args": {}}
-    config["export"]["formats"] = ["specforge"]
-    config["export"]["specforge"] = {"compress": "none", "compress_level": 1}
-    config["evaluate"].update(
-        seed=0,
-        batch_size=4,
-        learning_rate=0.003,
-        ttt_length=7,
-        speculative={"num_steps": 3, "topk": 1, "num_draft_tokens": 4},
-        baseline="none",
-        device="cpu",
-        python=".venv-specforge/bin/python",
-    )
-    config["probe"] = {
-        "max_positions": 4096,
-        "min_greedy_agreement": 0.98,
-        "first_positions": 4,
-        "min_first_agreement": 0.9,
-        "min_mean_logprob": -3.0,
-        "report_positions": 32,
-        "seed": 0,
-        "max_agreement_drop": 0.005,
-        "device": "cpu",
-    }
-    config["plan"] = {
-        "throughput": {"generate_tokens_per_s": 8000, "prefill_tokens_per_s": 40000, "train_tokens_per_s": 20000},
-        "model": {"num_layers": 8, "hidden_size": 64},
-        "tokenizer": "resources/kimi-k2.5",
-        "load_seconds": {"generation_server": 600, "capture_runner": 600},
-    }
-    config["resources"] = {
-        "gpus_per_node": 8,
-        "nodes": 4,
-        "handover": {"timeout": 300, "max_used_mib": 1024},
-        "slurm": {
-            "account": "proj",
-            "gpu": {"partition": "gpu-h200", "qos": "week"},
-            "cpu": {"partition": "cpu", "qos": "normal"},
-        },
-        "jobs": {
-            job: {"mem_mb": 512000, "cpus_per_task": 32, "runtime": 1440}
-            for job in ("hidden_states", "responses_sglang_server")
-        },
-    }
     return config
+
+
+def test_the_coverage_config_sets_every_key_and_holds_to_the_schema():
+    from snakemake.utils import validate
+
+    config = coverage_config("sglang")
+    validate(copy.deepcopy(config), str(config_schema.SCHEMA_PATH))
+    unset = [k for k in KEYS if not k.startswith("demo.") and lookup(config, k) is None]
+    assert unset == ["partitions.*.subset", "partitions.*.split", "partitions.*.revision"]  # a hub dataset's
+    assert config["inference"]["sglang"]["retry"]["max_attempts"] == 8  # a default behind a $ref
+    assert config["inference"]["openrouter"]["sampling"]["top_p"] == 1  # no default: the most allowed
+    assert config["partitions"]["cov_sglang"]["max_bad_record_rate"] == 0
 
 
 def lookup(config: dict, key: str, partition: str = "demo_alpaca"):
@@ -350,8 +313,7 @@ def dry_run(work, config: dict) -> list[tuple[str, str]]:
 # subset, split and revision apply only to a hub dataset or a dataset directory (tests/test_sources.py
 # changes a hub dataset's revision).
 NOT_CHANGED_HERE = {"partitions.*.source", "partitions.*.subset", "partitions.*.split", "partitions.*.revision"}
-# Where every other value is refused before any job (tests/test_preflight.py): the CPU evaluation decodes a
-# chain (topk 1).
+# Where the schema allows one value only: the CPU evaluation decodes a chain (topk 1).
 NOT_CHANGED_HERE |= {"evaluate.speculative.topk"}
 
 

@@ -67,6 +67,12 @@ class Turn:
         return "malformed" if self.malformed else "ok"
 
 
+def generation_limit(section: dict, sampling: dict) -> int:
+    """The most tokens a turn may have under `section` (a backend's settings or an SGLang tier): its
+    `max_tokens`, absent the sampling's `max_new_tokens` (no schema default: it follows another key)."""
+    return section.get("max_tokens") or sampling["max_new_tokens"]
+
+
 def finish_reason(stopped: bool, tool_calls: list[dict] | None) -> str:
     if not stopped:
         return "length"

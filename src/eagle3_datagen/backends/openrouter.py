@@ -20,7 +20,14 @@ from __future__ import annotations
 import json
 import os
 
-from eagle3_datagen.backends.base import MissingApiKey, RetryableError, Turn, finish_reason, journal_fingerprint
+from eagle3_datagen.backends.base import (
+    MissingApiKey,
+    RetryableError,
+    Turn,
+    finish_reason,
+    generation_limit,
+    journal_fingerprint,
+)
 from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
 from eagle3_datagen.chat.tool_calls import calls_before, openai_call
@@ -55,10 +62,9 @@ class OpenRouterBackend:
         self.model = settings["model"]
         self.sampling = sampling
         self.settings = settings
-        # absent: sampling.max_new_tokens, and no provider routing
-        self.max_tokens = settings.get("max_tokens", sampling["max_new_tokens"])
+        self.max_tokens = generation_limit(settings, sampling)
         self.concurrency = min(settings["concurrency"], MAX_CONCURRENCY)
-        self.provider = settings.get("provider")
+        self.provider = settings.get("provider")  # absent: no provider routing
         self.reasoning = settings["reasoning"]
         self.client = JsonClient(
             settings["base_url"],

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from eagle3_datagen.backends.base import generation_limit
 from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, RESPONSE_RULES
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
@@ -211,8 +212,7 @@ def plan_partition(
     about to be written (else existing ones give the measured tokens); `rates`: `plan_rates`'."""
     backend = inference_backend(config, partition)
     inference = config["inference"]
-    # absent (hf and dataset have none): the backend's sampling.max_new_tokens
-    max_tokens = (inference.get(backend) or {}).get("max_tokens") or sampling_for(config, backend)["max_new_tokens"]
+    max_tokens = generation_limit(inference.get(backend) or {}, sampling_for(config, backend))  # hf, dataset: none
     template_kwargs = config["model"]["chat_template_kwargs"]
     prompts = user_turns = prompt_tokens = 0
     for shard in shard_names(config, partition):

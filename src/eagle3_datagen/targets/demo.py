@@ -245,7 +245,7 @@ def build_demo_model(conversations: list[list[dict]], out_dir: str | Path, setti
     torch.manual_seed(settings["seed"])
     tokenizer = qwen3_tokenizer()
     model = Qwen3ForCausalLM(tiny_qwen3_config(len(tokenizer), settings))
-    template_kwargs = settings.get("chat_template_kwargs") or {}
+    template_kwargs = settings["chat_template_kwargs"]
     sequences = [render_ids(tokenizer, messages, False, template_kwargs) for messages in conversations]
     losses = fit_to_conversations(
         model, sequences, settings["train_steps"], settings["learning_rate"], settings["seed"]

@@ -190,7 +190,7 @@ def build_tiny_kimi(partitions: list[dict], out_dir: str | Path, settings: dict)
     config = tiny_kimi_config(settings, tokenizer)
     model = tiny_kimi_model(config, settings["seed"])
     sequences, masks = fitting_samples(
-        partitions, tokenizer, settings["reasoning"], settings.get("chat_template_kwargs") or {}
+        partitions, tokenizer, settings["reasoning"], settings["chat_template_kwargs"]
     )
     losses = fit_to_conversations(
         model,

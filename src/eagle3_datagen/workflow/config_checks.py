@@ -70,10 +70,10 @@ DEMO_MODEL_ROOT = "results"
 def config_problems(config: dict, config_files: list, check_sources: bool) -> list[str]:
     """What the Snakefile refuses before any job, one message each: a source that cannot be read
     (`check_sources`: not with an object store as default storage, whose plugin checks its objects
-    itself), settings that would delete a model the workflow did not make, or that no reader (or the
-    evaluate stage) could take."""
+    itself), settings that would delete a model the workflow did not make, or that no reader could
+    take."""
     missing = missing_sources(config, config_files) if check_sources else []
-    problems = demo_model_problems(config) + storage_problems(config) + evaluate_problems(config)
+    problems = demo_model_problems(config) + storage_problems(config)
     return missing + problems + gate_problems(config)
 
 
@@ -138,16 +138,3 @@ def demo_or_model_hidden_size(config: dict) -> int | None:
     model_dir = Path(config["model"]["path"])
     return int(text_config(model_dir)["hidden_size"]) if (model_dir / "config.json").exists() else None
 
-
-def evaluate_problems(config: dict) -> list[str]:
-    """Evaluate settings no job could run, refused before any job."""
-    if "evaluate" not in config:
-        return []
-    speculative = config["evaluate"]["speculative"]
-    found = []
-    if speculative["topk"] != 1:
-        found.append(
-            f"evaluate.speculative.topk is {speculative['topk']}: the CPU evaluation decodes one chain of "
-            "proposals (greedy, SGLang's topk 1); set it to 1"
-        )
-    return found

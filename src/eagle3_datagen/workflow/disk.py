@@ -40,8 +40,8 @@ def hidden_size(config: dict) -> int:
     if "hidden_size" in model:
         return model["hidden_size"]
     # no default: the model directory's config.json says it, or the demo's own settings
-    shape = config["plan"].get("model") or config.get("demo") or {}
-    if "hidden_size" not in shape:
+    shape = config["plan"].get("model") or config.get("demo")
+    if not shape or "hidden_size" not in shape:
         raise FileNotFoundError(f"{path} does not give the model's hidden size: give plan.model.hidden_size instead")
     return shape["hidden_size"]
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, RESPONSE_RULES, SERVED_RESPONSE_RULE
+from eagle3_datagen.backends.sglang.server import launch_command
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.workflow import disk
 from eagle3_datagen.workflow.partitions import inference_backend, shard_names
 
@@ -116,10 +118,10 @@ def openrouter_partitions(config: dict, jobs: Iterable[Job]) -> list[str]:
 
 
 def _openrouter_problems(config: dict, partitions: list[str], environ: Mapping[str, str]) -> list[str]:
-    settings = config["inference"].get("openrouter") or {}
+    settings = fill_defaults(dict(config["inference"].get("openrouter") or {}), "inference.openrouter")
     named = ", ".join(partitions)
     found = []
-    variable = settings.get("api_key_env", "OPENROUTER_API_KEY")
+    variable = settings["api_key_env"]
     if not environ.get(variable):
         found.append(
             f"${variable} is not set, and the responses of {named} call OpenRouter: export {variable}=<your key> "
@@ -193,8 +195,7 @@ def _sglang_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) 
     found = []
     launch = (config["inference"].get("sglang") or {}).get("launch") or {}
     if any(j.rule == SERVED_RESPONSE_RULE for j in jobs):
-        command = launch.get("command") or ["python"]
-        python = _interpreter(command[0], environ)
+        python = _interpreter(launch_command(launch, "python")[0], environ)
         if python and not _runs(python, SGLANG_IMPORTABLE, environ):
             found.append(
                 f"SGLang is not importable by {python}, which inference.sglang.launch runs "

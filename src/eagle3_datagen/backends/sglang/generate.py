@@ -16,7 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_datagen.backends.base import RetryableError, ServerError, ServerGone, Turn, journal_fingerprint
+from eagle3_datagen.backends.base import (
+    RetryableError,
+    ServerError,
+    ServerGone,
+    Turn,
+    generation_limit,
+    journal_fingerprint,
+)
 from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
 from eagle3_datagen.backends.rendered import RenderedChat
@@ -33,17 +40,12 @@ class Tier:
     max_prompt_tokens: int | None = None  # None: no limit (the long tier)
 
 
-def tiers_from_config(settings: dict, default_max_tokens: int) -> tuple[Tier, Tier]:
+def tiers_from_config(settings: dict, sampling: dict) -> tuple[Tier, Tier]:
     """The tiers of `settings` (inference.sglang); a tier without max_tokens takes sampling.max_new_tokens."""
     short, long = settings["tiers"]["short"], settings["tiers"]["long"]
     return (
-        Tier(
-            "short",
-            short["concurrency"],
-            short.get("max_tokens", default_max_tokens),
-            short["max_prompt_tokens"],
-        ),
-        Tier("long", long["concurrency"], long.get("max_tokens", default_max_tokens)),
+        Tier("short", short["concurrency"], generation_limit(short, sampling), short["max_prompt_tokens"]),
+        Tier("long", long["concurrency"], generation_limit(long, sampling)),
     )
 
 
@@ -79,7 +81,7 @@ class SGLangBackend:
         self.specials = self.chat.specials
         self.sampling = sampling
         self.settings = settings
-        self.short, self.long = tiers_from_config(settings, sampling["max_new_tokens"])
+        self.short, self.long = tiers_from_config(settings, sampling)
         self.concurrency = self.short.concurrency + self.long.concurrency
         self.url = settings["url"]
         self.health_timeout = settings["health_timeout"]

@@ -40,18 +40,28 @@ def wait_healthy(
     raise ServerError(f"the SGLang server exited while starting:\n{tail}")
 
 
+def launch_command(launch: dict, python: str = sys.executable) -> list[str]:
+    """`launch.command`, or absent `python -m sglang.launch_server`: no default in the schema, where it would
+    name one interpreter; `python` is the job's (its env's SGLang)."""
+    return launch.get("command") or [python, "-m", "sglang.launch_server"]
+
+
+def launch_args(launch: dict) -> list[str]:
+    """`launch.args`, absent no flags: a schema default would change the params of every config without it."""
+    return launch.get("args", [])
+
+
 def server_command(model_path: str | Path, url: str, launch: dict) -> list[str]:
     parsed = urlparse(url)
     return [
-        # no default in the schema: this interpreter's (the job's env's) SGLang
-        *launch.get("command", [sys.executable, "-m", "sglang.launch_server"]),
+        *launch_command(launch),
         "--model-path",
         str(model_path),
         "--host",
         parsed.hostname or "127.0.0.1",
         "--port",
         str(parsed.port or 8000),
-        *launch.get("args", []),  # absent: no flags (a schema default would change the params of configs without it)
+        *launch_args(launch),
         *launch["run_args"],
     ]
 

@@ -88,8 +88,6 @@ def evaluate_partition(
     """Train on `exports` (SpecForge's; `settings`: the `evaluate` section), decode each held-out prompt
     (`speculative.num_steps` proposals a step, up to `max_new_tokens`) and estimate; returns the figures
     and the trained draft's checkpoint directory (`log`: where SpecForge's output goes)."""
-    if settings["speculative"]["topk"] != 1:
-        raise ValueError("the CPU path decodes a chain: evaluate.speculative.topk must be 1")
     if not held_out:
         raise ValueError("no held-out sample to decode: raise evaluate.holdout (or the partition has no samples)")
     samples = sum(json.loads((e / "export.json").read_text())["samples"] for e in exports)

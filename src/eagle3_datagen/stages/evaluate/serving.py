@@ -69,9 +69,9 @@ def sglang_eagle3_acceptance(
     """Serve `target` with `draft` under SGLang's EAGLE3 at `url` (`launch`: the config's
     `inference.sglang.launch`, its command, flags and timeouts; `settings`: the `evaluate` section) and
     measure the acceptance length over `prompts`, each decoded greedily up to `max_new_tokens`."""
-    from eagle3_datagen.backends.sglang.server import launched_server
+    from eagle3_datagen.backends.sglang.server import launch_args, launched_server
 
-    run = {**launch, "args": [*launch.get("args", []), *eagle3_launch_args(str(draft), settings["speculative"])]}
+    run = {**launch, "args": [*launch_args(launch), *eagle3_launch_args(str(draft), settings["speculative"])]}
     with launched_server(target, url, run, log_path):
         metas = [generate_meta_info(url, prompt, settings["max_new_tokens"]) for prompt in prompts]
     return {**sglang_acceptance(metas), "prompts": len(prompts), "draft": str(draft)}
