@@ -89,25 +89,20 @@ def train_config(export_dir: Path, vocab_dir: Path | None = None) -> dict:
 
 
 def train_draft(
-    export_dir: Path,
-    out_dir: Path,
-    settings: dict,
-    log: TextIO,
-    data_dir: Path | None = None,
-    vocab_dir: Path | None = None,
+    export_dir: Path, out_dir: Path, settings: dict, log: TextIO, data: Path | None = None, vocab: Path | None = None
 ) -> Path:
-    """`specforge train` on the export's own `specforge.yaml` (its samples, or those under `data_dir`; its
-    draft vocabulary, or `vocab_dir`'s) for `settings` (the `evaluate` section: steps, seed, batch_size,
+    """`specforge train` on the export's own `specforge.yaml` (its samples, or those under `data`; its draft
+    vocabulary, or the one under `vocab`) for `settings` (the `evaluate` section: steps, seed, batch_size,
     learning_rate, ttt_length, device) at a fixed seed, its output to `log`; returns the trained draft's
     checkpoint directory (SpecForge's latest under `out_dir/run`, its output_dir)."""
     # SpecForge runs in out_dir: every path it is given is absolute
     export_dir, out_dir = export_dir.resolve(), out_dir.resolve()
-    data_dir = data_dir.resolve() if data_dir is not None else None
+    data = data.resolve() if data is not None else None
     steps = settings["steps"]
-    config = train_config(export_dir, vocab_dir)
+    config = train_config(export_dir, vocab)
     train = [str(Path(sys.executable).parent / "specforge"), "train", "--config", str(export_dir / "specforge.yaml")]
     train += [f"model.{key}={path}" for key, path in config["model"].items() if key in MODEL_PATHS]
-    train.append(f"data.hidden_states_path={data_dir or config['data']['hidden_states_path']}")
+    train.append(f"data.hidden_states_path={data or config['data']['hidden_states_path']}")
     on_cpu = settings["device"] == "cpu"
     train += CPU_OVERRIDES if on_cpu else gpu_overrides(export_dir)
     train += [f"training.max_steps={steps}", f"training.num_epochs={steps}"]
