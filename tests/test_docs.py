@@ -53,13 +53,18 @@ for script in sys.argv[1:]:
 """
 
 
+HELPS: dict[str, str] = {}  # each script's --help, once per test process
+
+
 def script_helps(scripts: set[str]) -> dict[str, str]:
     """`--help` of each of `scripts` (paths under the repo)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", HELP_ALL, *sorted(scripts)], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(re.findall(r"^==> (\S+)\n(.*?)(?=^==> |\Z)", proc.stdout, re.M | re.S))
+    missing = sorted(scripts - set(HELPS))
+    if missing:
+        command = [sys.executable, "-c", HELP_ALL, *missing]
+        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        HELPS.update(re.findall(r"^==> (\S+)\n(.*?)(?=^==> |\Z)", proc.stdout, re.M | re.S))
+    return HELPS
 
 
 @functools.cache
