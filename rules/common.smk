@@ -92,6 +92,13 @@ def get_baseline_exports(wildcards):
     ]
 
 
+def get_evaluate_vocab(wildcards):
+    """The draft vocabulary a partition's drafts train with: its own (evaluate_vocab), with vocab_mapping."""
+    if "vocab_mapping" not in config:
+        return []
+    return [f"results/{wildcards.partition}/evaluate/vocab"]
+
+
 def get_hidden_readers(wildcards):
     """What is made of a partition's shard parts (its probes and exports): the shards are released after."""
     return disk.hidden_readers(config, wildcards.partition)

@@ -32,8 +32,8 @@ rule evaluate:
         tokens=lambda wildcards: get_token_shards(wildcards.partition),
         holdout="results/{partition}/evaluate/holdout.json",
         baseline=get_baseline_exports,
-        # the draft vocabulary the export names (its specforge.yaml's vocab_mapping_path)
-        vocab=VOCAB_INPUT,
+        # the partition's own draft vocabulary (rules/vocab.smk: evaluate_vocab)
+        vocab=get_evaluate_vocab,
     output:
         figures="results/{partition}/evaluate/acceptance.json",
         draft=directory("results/{partition}/evaluate/draft"),
@@ -53,7 +53,7 @@ rule evaluate:
         logged(
             f"${wf.SPECFORGE_PYTHON_ENV} scripts/evaluate.py --partition {{params.name}} "
             "--export {input.export} --tokens {input.tokens} --holdout {input.holdout} "
-            "--baseline-export {input.baseline} --settings {params.settings:q} --draft {output.draft} --out {output.figures}"
+            "--baseline-export {input.baseline} --vocab {input.vocab} --settings {params.settings:q} --draft {output.draft} --out {output.figures}"
         )
 
 
@@ -63,6 +63,7 @@ use rule evaluate as evaluate_all with:
         tokens=get_all_token_shards(),
         holdout=get_all_holdouts(),
         baseline=get_baseline_exports(None),
+        # the draft vocabulary the exports name (their specforge.yaml's vocab_mapping_path)
         vocab=VOCAB_INPUT,
     output:
         figures="results/evaluate/acceptance.json",

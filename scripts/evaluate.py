@@ -2,7 +2,8 @@
 """Train a draft on SpecForge exports (a partition's, or every partition's together) with SpecForge 0.2.0's
 release and measure its acceptance length by speculative decoding of the target on the held-out samples;
 fail below `min_acceptance_length`, keeping the data. With `--baseline-export`, train the same draft on the
-baseline's export too and measure both on the same held-out samples.
+baseline's export too and measure both on the same held-out samples. With `--vocab`, the drafts train with
+that draft vocabulary rather than the one the export names (a partition's own: tests/test_workflow.py).
 
 Runs under SpecForge's venv (`make specforge-env`); the training on the CPU, or on one GPU with
 evaluate.device: cuda; the decoding on the CPU."""
@@ -28,6 +29,9 @@ def main() -> None:
     p.add_argument("--tokens", nargs="+", required=True, help="token shards (jsonl.zst) holding the held-out samples")
     p.add_argument("--holdout", nargs="+", required=True, help="holdout files: the held-out prompt ids")
     p.add_argument("--baseline-export", nargs="*", default=[], help="the baseline's SpecForge exports, if any")
+    p.add_argument(
+        "--vocab", nargs="?", help="the draft vocabulary directory the drafts train with (default: the export's)"
+    )
     p.add_argument("--draft", required=True, help="directory to create: the trained draft's SpecForge checkpoint")
     p.add_argument("--out", required=True, help="the figures (JSON)")
     args = p.parse_args()
@@ -41,11 +45,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix=".evaluate-", dir=out.parent) as work:
         work = Path(work)
         exports = [Path(e) for e in args.export]
-        figures, draft = evaluate_partition(exports, held_out, work / "draft", settings, sys.stderr)
-        figures.update(partition=args.partition, exports=args.export, held_out_prompts=len(ids))
+        vocab = Path(args.vocab) if args.vocab else None
+        figures, draft = evaluate_partition(exports, held_out, work / "draft", settings, sys.stderr, vocab)
+        figures.update(partition=args.partition, exports=args.export, vocab=args.vocab, held_out_prompts=len(ids))
         if args.baseline_export:
             baseline_exports = [Path(e) for e in args.baseline_export]
-            baseline, _ = evaluate_partition(baseline_exports, held_out, work / "baseline", settings, sys.stderr)
+            baseline, _ = evaluate_partition(baseline_exports, held_out, work / "baseline", settings, sys.stderr, vocab)
             # regenerated minus original, over the same held-out prompts (paired bootstrap)
             comparison = paired_comparison(
                 prompt_figures(figures["per_prompt"]), prompt_figures(baseline["per_prompt"]), seed=settings["seed"]

@@ -121,7 +121,7 @@ def test_specforge_export_norms_raw_final_states_and_carries_its_config(tmp_path
 def test_a_copied_work_directorys_export_trains_on_the_copys_files(tmp_path, tiny_model_dir):
     """The evaluate stage reads an export's `specforge.yaml` where the export now is: in a copy of the work
     directory, its samples, draft config and draft vocabulary are the copy's; the target, outside the
-    work directory, stays where it was written."""
+    work directory, stays where it was written. A partition's draft trains with its own vocabulary."""
     work = tmp_path / "wf"
     capture = HFCapture(tiny_model_dir, "auto", "raw", {"dtype": "float32", "device": "cpu"})
     capture_shard(make_samples(3, seed=6), work / "results/p/hidden/00000", capture, SETTINGS)
@@ -141,6 +141,10 @@ def test_a_copied_work_directorys_export_trains_on_the_copys_files(tmp_path, tin
         "vocab_mapping_path": str(copy / "results/vocab/vocab_mapping.pt"),
     }
     assert config["model"]["target_model_path"] == str(tiny_model_dir)
+    # a partition's own draft vocabulary (evaluate_vocab) in place of the one the export names
+    own = copy / "results/p/evaluate/vocab"
+    own_config = train_config(copy / sf, own)["model"]
+    assert own_config == {**config["model"], "vocab_mapping_path": str(own / "vocab_mapping.pt")}
 
 
 def run_vocab_from_samples(tmp_path, model_dir):

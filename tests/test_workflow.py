@@ -300,10 +300,10 @@ def test_reruns_schedule_only_what_a_change_invalidated(demo_dir, tmp_path):
     changed.write_text(yaml.safe_dump(config))
     out = snakemake(["-n", "--profile", "profiles/local", "--configfile", str(changed)], demo_dir).stdout
     jobs = scheduled(out)
-    partitions = {p for r, p in jobs if p and r != "evaluate"}
-    assert partitions == {"demo_alpaca"}, jobs
-    # every partition's draft trains with the draft vocabulary, which combines them all
-    assert {p for r, p in jobs if r == "evaluate"} == set(PARTITIONS)
+    # each partition's draft trains with a draft vocabulary of its own data (evaluate_vocab): the other
+    # partitions' evaluations stay; the combined vocabulary and the draft over all partitions rerun
+    assert {p for _, p in jobs if p} == {"demo_alpaca"}, jobs
+    assert ("evaluate", "demo_alpaca") in jobs and ("evaluate_vocab", "demo_alpaca") in jobs, jobs
     assert {r for r, _ in jobs} == {
         "prompts_demo_alpaca",
         "responses",
@@ -316,6 +316,7 @@ def test_reruns_schedule_only_what_a_change_invalidated(demo_dir, tmp_path):
         "summary",
         "all",
         "evaluate_holdout",
+        "evaluate_vocab",
         "evaluate",
         "evaluate_all",
     }

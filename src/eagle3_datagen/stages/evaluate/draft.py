@@ -25,6 +25,8 @@ from typing import TextIO
 import torch
 import yaml
 
+from eagle3_datagen.formats.draft_vocab import VOCAB_MAPPING
+
 SPECFORGE_CPU = Path(__file__).parent / "specforge_cpu"
 CPU_OVERRIDES = ["training.attention_backend=sdpa", "training.fsdp_sharding=NO_SHARD", "data.dataloader_num_workers=0"]
 # SpecForge's default attention on a GPU, flex attention, is lowered to Triton kernels that need a head
@@ -61,11 +63,11 @@ def specforge_on_cpu() -> None:
 MODEL_PATHS = ("target_model_path", "draft_model_config", "vocab_mapping_path")
 
 
-def train_config(export_dir: Path) -> dict:
+def train_config(export_dir: Path, vocab_dir: Path | None = None) -> dict:
     """The export's `specforge.yaml` with its paths where they are now. The export job writes them absolute,
     inside the work directory it ran in: in a copied or moved work directory those are re-rooted under it,
     so that a draft trains on the samples beside its config (a path outside, such as a production
-    checkpoint's, stays as written)."""
+    checkpoint's, stays as written). With `vocab_dir`, its draft vocabulary instead of the one the export names."""
     export_dir = export_dir.resolve()
     config = yaml.safe_load((export_dir / "specforge.yaml").read_text())
     written = Path(config["data"]["hidden_states_path"])  # the export's own directory when it was written
@@ -80,23 +82,27 @@ def train_config(export_dir: Path) -> dict:
         return str(new_root / Path(path).relative_to(old_root)) if Path(path).is_relative_to(old_root) else path
 
     config["model"] = {key: now(value) if key in MODEL_PATHS else value for key, value in config["model"].items()}
+    if vocab_dir is not None:
+        config["model"]["vocab_mapping_path"] = str(vocab_dir.resolve() / VOCAB_MAPPING)
     config["data"]["hidden_states_path"] = str(export_dir)
     return config
 
 
-def train_draft(export_dir: Path, out_dir: Path, settings: dict, log: TextIO, data_dir: Path | None = None) -> Path:
-    """`specforge train` on the export's own `specforge.yaml` (its samples, or those under `data_dir`) for
-    `settings` (the `evaluate` section: steps, seed, batch_size, learning_rate, ttt_length, device) at a fixed
-    seed, its output to `log`; returns the trained draft's checkpoint directory (SpecForge's latest under
-    `out_dir/run`, its output_dir)."""
+def train_draft(
+    export_dir: Path, out_dir: Path, settings: dict, log: TextIO, data: Path | None = None, vocab: Path | None = None
+) -> Path:
+    """`specforge train` on the export's own `specforge.yaml` (its samples, or those under `data`; its draft
+    vocabulary, or the one under `vocab`) for `settings` (the `evaluate` section: steps, seed, batch_size,
+    learning_rate, ttt_length, device) at a fixed seed, its output to `log`; returns the trained draft's
+    checkpoint directory (SpecForge's latest under `out_dir/run`, its output_dir)."""
     # SpecForge runs in out_dir: every path it is given is absolute
     export_dir, out_dir = export_dir.resolve(), out_dir.resolve()
-    data_dir = data_dir.resolve() if data_dir is not None else None
+    data = data.resolve() if data is not None else None
     steps = settings["steps"]
-    config = train_config(export_dir)
+    config = train_config(export_dir, vocab)
     train = [str(Path(sys.executable).parent / "specforge"), "train", "--config", str(export_dir / "specforge.yaml")]
     train += [f"model.{key}={path}" for key, path in config["model"].items() if key in MODEL_PATHS]
-    train.append(f"data.hidden_states_path={data_dir or config['data']['hidden_states_path']}")
+    train.append(f"data.hidden_states_path={data or config['data']['hidden_states_path']}")
     on_cpu = settings["device"] == "cpu"
     train += CPU_OVERRIDES if on_cpu else gpu_overrides(export_dir)
     train += [f"training.max_steps={steps}", f"training.num_epochs={steps}"]
@@ -115,15 +121,15 @@ def train_draft(export_dir: Path, out_dir: Path, settings: dict, log: TextIO, da
     return latest.resolve()
 
 
-def load_draft(run_dir: Path, export_dir: Path):
+def load_draft(run_dir: Path, export_dir: Path, vocab_dir: Path | None = None):
     """The trained draft as SpecForge's own export builds it (`materialize_draft`: `AutoDraftModel.from_config`,
     `LlamaForCausalLMEagle3`, the checkpoint's weights and the vocabulary mapping), the frozen embedding
     from the target (`load_embedding`), in float32 (bf16 weights widen exactly). Not `from_pretrained`:
     transformers builds the model on the meta device, which leaves SpecForge's rotary caches (non-persistent
-    buffers) uninitialised."""
+    buffers) uninitialised. `vocab_dir`: the draft vocabulary it was trained with, if not the export's."""
     from specforge.export.checkpoint_io import materialize_draft, resolve_training_state
 
-    model = train_config(export_dir)["model"]
+    model = train_config(export_dir, vocab_dir)["model"]
     draft = materialize_draft(
         resolve_training_state(str(run_dir)),
         model["draft_model_config"],

@@ -83,9 +83,15 @@ def training_data(exports: list[Path], work_dir: Path) -> Path | None:
 
 
 def evaluate_partition(
-    exports: list[Path], held_out: list[dict], work_dir: Path, settings: dict, log: TextIO
+    exports: list[Path],
+    held_out: list[dict],
+    work_dir: Path,
+    settings: dict,
+    log: TextIO,
+    vocab_dir: Path | None = None,
 ) -> tuple[dict, Path]:
-    """Train on `exports` (SpecForge's; `settings`: the `evaluate` section), decode each held-out prompt
+    """Train on `exports` (SpecForge's; `settings`: the `evaluate` section) with the draft vocabulary under
+    `vocab_dir` (None: the one the first export names), decode each held-out prompt
     (`speculative.num_steps` proposals a step, up to `max_new_tokens`) and estimate; returns the figures
     and the trained draft's checkpoint directory (`log`: where SpecForge's output goes)."""
     if not held_out:
@@ -103,8 +109,8 @@ def evaluate_partition(
     specforge_on_cpu()
     torch.set_num_threads(1)  # the tiny CPU models' matrices: one thread beats two contending
     export_dir = exports[0]
-    run = train_draft(export_dir, work_dir, settings, log, training_data(exports, work_dir))
-    draft = load_draft(run, export_dir)
+    run = train_draft(export_dir, work_dir, settings, log, training_data(exports, work_dir), vocab_dir)
+    draft = load_draft(run, export_dir, vocab_dir)
     aux_layers = json.loads((export_dir / "export.json").read_text())["aux_layers"]
     target_path = train_config(export_dir)["model"]["target_model_path"]
     target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
