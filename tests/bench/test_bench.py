@@ -5,7 +5,7 @@ run must finish, exit 0 and print the rows its README/BENCHMARKS tables are made
 are tiny ones built here (nothing downloaded): a random Qwen3 with Qwen3's real tokenizer and a
 random tiny Kimi (DeepseekV3) with Kimi-K2.5's real tokenizer files. `bench/sglang_capture_cpu.py`
 needs SGLang: its smoke run is in tests/real_sglang/test_bench.py. `bench/kimi_plan.py` has its
-own, tests/test_bench_kimi_plan.py.
+own, tests/bench/test_bench_kimi_plan.py.
 """
 
 import json
@@ -21,8 +21,7 @@ import yaml
 from transformers import Qwen3ForCausalLM
 
 from eagle3_datagen.formats.files import write_jsonl_zst
-
-from .conftest import REPO
+from tests.helpers import REPO
 
 
 def bench(script: str, *args: str) -> str:

@@ -5,7 +5,7 @@ and huggingface_hub give them (an Arrow cache file, a hub repository, a hub cach
 import json
 from pathlib import Path
 
-from .conftest import REPO
+from tests.helpers import REPO
 
 
 def write_jsonl(path, rows):

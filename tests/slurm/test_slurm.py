@@ -11,9 +11,8 @@ import yaml
 
 from eagle3_datagen.reporting.plan import scheduled_jobs
 from eagle3_datagen.workflow import cluster_fit
-
-from .conftest import REPO, copy_workflow, kimi_sources, snakemake
-from .slurm import NODE_SIZED, SLURM_ARGS, sacct_jobs
+from tests.helpers import REPO, copy_workflow, kimi_sources, snakemake
+from tests.slurm import NODE_SIZED, SLURM_ARGS, sacct_jobs
 
 
 def demo_config(**overrides) -> dict:

@@ -14,8 +14,7 @@ from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.hidden.shard import capture_shard
-
-from .conftest import hidden_job, make_samples, runner_job_settings, runner_log, wait_until
+from tests.helpers import hidden_job, make_samples, runner_job_settings, runner_log, wait_until
 
 
 def test_shard_jobs_share_one_runner_and_write_what_an_in_process_capture_writes(tmp_path, node, tiny_model_dir):

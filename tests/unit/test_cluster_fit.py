@@ -1,6 +1,6 @@
 """What the SLURM profile checks before it submits anything (workflow/cluster_fit.py): sinfo's nodes
 parsed, requests no node can meet named with the fix, and the production job sizes the schema sets.
-No cluster runs here; tests/test_slurm.py runs the profile on the SLURM test cluster.
+No cluster runs here; tests/slurm/test_slurm.py runs the profile on the SLURM test cluster.
 """
 
 import pytest
@@ -8,8 +8,7 @@ import yaml
 from snakemake.utils import validate
 
 from eagle3_datagen.workflow import cluster_fit
-
-from .conftest import REPO
+from tests.helpers import REPO
 
 
 def test_sinfo_nodes_are_parsed():

@@ -1,8 +1,7 @@
 import torch
 
 from eagle3_datagen.targets.demo import fit_to_conversations
-
-from .conftest import tiny_qwen3
+from tests.helpers import tiny_qwen3
 
 
 def fitted(seed):

@@ -23,8 +23,7 @@ from eagle3_datagen.stages.evaluate.measure import (
 )
 from eagle3_datagen.stages.evaluate.serving import eagle3_launch_args, sglang_acceptance, sglang_eagle3_acceptance
 from eagle3_datagen.stages.evaluate.speculative import AcceptanceTooLow, Decoded, acceptance_length, check_acceptance
-
-from .conftest import REPO, defaults, free_port
+from tests.helpers import REPO, defaults, free_port
 
 
 def test_the_held_out_prompt_is_everything_before_the_last_answer():

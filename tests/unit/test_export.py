@@ -24,9 +24,8 @@ from eagle3_datagen.stages.export.specforge import specforge_sample_path
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.probe import LMHead, probe_shard
 from eagle3_datagen.stages.vocab import loss_token_counts, run_vocab, vocab_mapping
-
-from .conftest import HIDDEN_SETTINGS as SETTINGS
-from .conftest import REPO, make_samples, probe_settings
+from tests.helpers import HIDDEN_SETTINGS as SETTINGS
+from tests.helpers import REPO, make_samples, probe_settings
 
 STORAGE = {
     "bf16": {"dtype": "bfloat16"},

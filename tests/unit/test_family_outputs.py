@@ -14,8 +14,7 @@ from eagle3_datagen.chat.families.deepseek import deepseek_sglang_layer_ids
 from eagle3_datagen.chat.template import encode
 from eagle3_datagen.registry import Registry, UnknownEntry
 from eagle3_datagen.stages.tokens import TokenBuilder, loss_spans
-
-from .conftest import TARGET_FILES, TEMPLATE_DATE, defaults, token_settings
+from tests.helpers import TARGET_FILES, TEMPLATE_DATE, defaults, token_settings
 
 # (gpt-oss's template needs a description: it writes `// {description}` unguarded)
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "Weather.", "parameters": {}}}]

@@ -14,8 +14,7 @@ from eagle3_datagen.chat.families.base import detect_family
 from eagle3_datagen.chat.template import TemplateError, encode, template_messages
 from eagle3_datagen.config_schema import schema
 from eagle3_datagen.stages.tokens import TokenBuilder, loss_spans
-
-from .conftest import KIMI_FILES, TARGET_FILES, TEMPLATE_DATE, target_chat, token_settings
+from tests.helpers import KIMI_FILES, TARGET_FILES, TEMPLATE_DATE, target_chat, token_settings
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 WEATHER = [

@@ -27,9 +27,8 @@ from eagle3_datagen.formats.journal import journal_path
 from eagle3_datagen.stages.export import export
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
-
-from .conftest import HIDDEN_SETTINGS as SETTINGS
-from .conftest import (
+from tests.helpers import HIDDEN_SETTINGS as SETTINGS
+from tests.helpers import (
     KEY_ENV,
     REPO,
     SAMPLING,

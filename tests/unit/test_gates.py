@@ -16,9 +16,8 @@ from eagle3_datagen.stages.prompts import build_prompts
 from eagle3_datagen.stages.responses.conversation import Conversation
 from eagle3_datagen.stages.responses.original import original_responses
 from eagle3_datagen.stages.tokens import NothingTrained, TokenBuilder, finished_gates, run_tokens
-
-from .conftest import defaults, token_settings
-from .records import MANIFEST, REALDATA
+from tests.helpers import defaults, token_settings
+from tests.helpers.records import MANIFEST, REALDATA
 
 KIMI_TOOL_MARKERS = (
     "<|tool_call_argument_begin|>",

@@ -18,8 +18,7 @@ from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.journal import journal_path
 from eagle3_datagen.stages.responses.job import JobError, run_response_job
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
-
-from .conftest import defaults, tiny_qwen3
+from tests.helpers import defaults, tiny_qwen3
 
 THINKING_OFF = defaults("model", chat_template_kwargs={"enable_thinking": False})
 SAMPLING = defaults("inference.sampling", max_new_tokens=6, temperature=0.0)

@@ -12,9 +12,8 @@ from eagle3_datagen.formats.hidden_codec import Codec, byte_planes, dequantize, 
 from eagle3_datagen.formats.hidden_shard import COLUMNS, HiddenShard, plan_parts, resolve_aux_layers
 from eagle3_datagen.stages.hidden import shard
 from eagle3_datagen.stages.hidden.shard import capture_shard
-
-from .conftest import HIDDEN_SETTINGS as SETTINGS
-from .conftest import make_samples
+from tests.helpers import HIDDEN_SETTINGS as SETTINGS
+from tests.helpers import make_samples
 
 
 @pytest.fixture(scope="module")

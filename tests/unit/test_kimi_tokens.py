@@ -15,8 +15,7 @@ import pytest
 from eagle3_datagen.chat.template import render_generation_prompt, resolve_special_tokens, tools_rendering
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.stages.tokens import TokenBuilder, run_tokens
-
-from .conftest import defaults, token_settings
+from tests.helpers import defaults, token_settings
 
 IM_END, IM_USER, IM_ASSISTANT, IM_SYSTEM, IM_MIDDLE = 163586, 163587, 163588, 163594, 163601
 THINK, END_THINK = 163606, 163607

@@ -7,7 +7,7 @@ import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
-from .conftest import REPO
+from tests.helpers import REPO
 
 PACKAGE = REPO / "src" / "eagle3_datagen"
 # sglang is imported only inside the SGLang backends, which run in their own env (envs/sglang.yaml,

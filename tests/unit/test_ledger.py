@@ -21,8 +21,7 @@ from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
 from eagle3_datagen.stages.responses.limits import Limits
 from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
-
-from .conftest import KEY_ENV, REPO, SAMPLING, defaults, openrouter_backend, prompts_file, wait_until
+from tests.helpers import KEY_ENV, REPO, SAMPLING, defaults, openrouter_backend, prompts_file, wait_until
 
 MODEL = "moonshotai/kimi-k2.5"
 

@@ -16,8 +16,7 @@ from eagle3_datagen.reporting.live import format_progress, model_gates, rates, r
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
 from eagle3_datagen.stages.tokens import run_tokens
 from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
-
-from .conftest import KEY_ENV, REPO, defaults, openrouter_backend, token_settings
+from tests.helpers import KEY_ENV, REPO, defaults, openrouter_backend, token_settings
 
 
 def prompts(n: int, shard: int) -> list[dict]:

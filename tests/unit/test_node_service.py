@@ -26,8 +26,7 @@ from eagle3_datagen.backends.service.lease import request_stop
 from eagle3_datagen.backends.service.record import node_dir, pid_alive, running_record
 from eagle3_datagen.backends.service.supervise import healthy
 from eagle3_datagen.formats.files import read_jsonl
-
-from .conftest import REPO, defaults, free_port, runner_job_settings, wait_until
+from tests.helpers import REPO, defaults, free_port, runner_job_settings, wait_until
 
 JOB = """
 import sys, time

@@ -15,8 +15,7 @@ from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.journal import journal_path
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, TooManyFailed, run_journaled_responses
 from tests.doubles.loopback import REFUSED, FaultPlan, Loopback, serve_in_thread
-
-from .conftest import (
+from tests.helpers import (
     FAST_RETRY,
     KEY_ENV,
     REPO,

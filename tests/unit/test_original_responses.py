@@ -16,10 +16,9 @@ from eagle3_datagen.stages.prompts import build_prompts
 from eagle3_datagen.stages.responses.job import run_response_job
 from eagle3_datagen.stages.responses.original import original_responses, split_reasoning
 from eagle3_datagen.stages.tokens import build_samples
+from tests.helpers import token_settings
 
-from .conftest import token_settings
-
-REALDATA = Path(__file__).resolve().parent / "fixtures" / "realdata"
+REALDATA = Path(__file__).resolve().parents[1] / "fixtures" / "realdata"
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,7 @@ import yaml
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.workflow import disk, preflight
 from eagle3_datagen.workflow.preflight import Job, config_jobs, problems
-
-from .conftest import REPO, copy_workflow, run
+from tests.helpers import REPO, copy_workflow, run
 
 KIMI_SOURCES = (
     "glaive-function-calling-v2.json",

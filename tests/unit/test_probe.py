@@ -19,8 +19,7 @@ from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.probe import LMHead, ProbeFailure, run_probe
 from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
 from eagle3_datagen.stages.tokens import build_samples
-
-from .conftest import defaults, probe_settings, tiny_qwen3, token_settings
+from tests.helpers import defaults, probe_settings, tiny_qwen3, token_settings
 
 THINKING_OFF = defaults("model", chat_template_kwargs={"enable_thinking": False})
 THINKING_ON = defaults("model", chat_template_kwargs={"enable_thinking": True})

@@ -11,9 +11,8 @@ import zstandard
 from eagle3_datagen.formats.datasets import FORMATS, conversation_id, normalize
 from eagle3_datagen.formats.files import InputError, read_jsonl
 from eagle3_datagen.stages.prompts import build_prompts, shard_of
-
-from .conftest import copy_workflow, scheduled, snakemake
-from .records import GLAIVE_CHAIN, write_jsonl
+from tests.helpers import copy_workflow, scheduled, snakemake
+from tests.helpers.records import GLAIVE_CHAIN, write_jsonl
 
 SHAREGPT = {
     "id": "s1",

@@ -15,7 +15,7 @@ from eagle3_datagen.formats.datasets import normalize
 from eagle3_datagen.formats.files import InputError, read_jsonl
 from eagle3_datagen.stages.prompts import build_prompts
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REALDATA = REPO / "tests" / "fixtures" / "realdata"
 MANIFEST = [line.split("\t")[:2] for line in (REALDATA / "manifest.tsv").read_text().splitlines()[1:]]
 

@@ -4,7 +4,7 @@ rest in docs/ behind links that resolve; `make help` lists every target."""
 import re
 import subprocess
 
-from .conftest import REPO, readme_commands
+from tests.helpers import REPO, readme_commands
 
 README = (REPO / "README.md").read_text()
 

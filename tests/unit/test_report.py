@@ -7,8 +7,7 @@ import sys
 from eagle3_datagen.formats.files import read_jsonl, write_json
 from eagle3_datagen.reporting.report import partition_summary
 from eagle3_datagen.stages.prompts import build_prompts
-
-from .conftest import REPO
+from tests.helpers import REPO
 
 REALDATA = REPO / "tests" / "fixtures" / "realdata"
 MEASURED_BY = "greedy chain <speculative> decoding"

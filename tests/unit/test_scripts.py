@@ -10,8 +10,7 @@ import sys
 import pytest
 
 from eagle3_datagen.cli import USER_ERROR_EXIT
-
-from .conftest import REPO
+from tests.helpers import REPO
 
 SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
 

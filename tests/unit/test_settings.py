@@ -11,8 +11,7 @@ import yaml
 from eagle3_datagen import config_schema
 from eagle3_datagen.formats.service_loads import append_load
 from eagle3_datagen.workflow import settings as wf
-
-from .conftest import REPO, copy_workflow, scheduled, snakemake
+from tests.helpers import REPO, copy_workflow, scheduled, snakemake
 
 # Every leaf key of the schema by dotted path (`*` for a partition's name), with its schema.
 KEYS = config_schema.leaf_keys()
@@ -347,10 +346,10 @@ def dry_run(work, config: dict) -> list[tuple[str, str]]:
 
 
 # Where a key's change cannot be made on the demo: a source is an input file (the input trigger); a
-# subset, split and revision apply only to a hub dataset or a dataset directory (tests/test_sources.py
+# subset, split and revision apply only to a hub dataset or a dataset directory (tests/unit/test_sources.py
 # changes a hub dataset's revision).
 NOT_CHANGED_HERE = {"partitions.*.source", "partitions.*.subset", "partitions.*.split", "partitions.*.revision"}
-# Where every other value is refused before any job (tests/test_preflight.py): the CPU evaluation decodes a
+# Where every other value is refused before any job (tests/unit/test_preflight.py): the CPU evaluation decodes a
 # chain (topk 1).
 NOT_CHANGED_HERE |= {"evaluate.speculative.topk"}
 

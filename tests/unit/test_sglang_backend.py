@@ -14,8 +14,7 @@ from eagle3_datagen.backends.sglang.server import launched_server
 from eagle3_datagen.chat.template import load_tokenizer
 from eagle3_datagen.formats.files import read_jsonl
 from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
-
-from .conftest import defaults, free_port, prompts_file, run_responses, sglang_backend, wait_until
+from tests.helpers import defaults, free_port, prompts_file, run_responses, sglang_backend, wait_until
 
 
 def test_sglang_returns_exact_ids_through_two_tiers(tmp_path, qwen_tokenizer_dir):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-ENVS = Path(__file__).resolve().parents[1] / "envs"
+ENVS = Path(__file__).resolve().parents[2] / "envs"
 
 
 def pins(lines) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """One copy of a shard's job at a time (formats/shard_lease.py): a second copy waits for the first and finds
 its work done; a lease whose holder is gone (a dead pid here, an earlier run of a requeued SLURM job, a
 holder whose beat stopped) is taken over; a holder whose lease was taken over stops. The copies are real
-processes on this machine; tests/test_stopped_runs.py restarts a controller on the SLURM test cluster.
+processes on this machine; tests/workflow/test_stopped_runs.py restarts a controller on the SLURM test cluster.
 """
 
 import json
@@ -14,8 +14,7 @@ import threading
 import time
 
 from eagle3_datagen.formats import shard_lease
-
-from .conftest import REPO
+from tests.helpers import REPO
 
 # A shard job as the scripts hold it: the same command line in both copies (their fingerprint), work that
 # takes `hold` seconds, its output written last.

@@ -1,17 +1,17 @@
 """What the repository ships: CI running the README's test command, configs that pass the schema, no default
-profile (tests/test_scripts.py holds each script to its --help)."""
+profile (tests/unit/test_scripts.py holds each script to its --help)."""
 
 import pytest
 import yaml
 from snakemake.utils import validate
 
-from .conftest import REPO, readme_commands
+from tests.helpers import REPO, readme_commands
 
 SCHEMA = REPO / "schemas" / "config.schema.yaml"
 
 
 def test_ci_runs_the_readmes_test_command():
-    """tests/test_readme.py holds the README to its two commands; CI runs the second."""
+    """tests/unit/test_readme.py holds the README to its two commands; CI runs the second."""
     assert readme_commands()[1] in (REPO / ".ci" / "run").read_text().splitlines()
 
 

@@ -1,6 +1,6 @@
 """The suite's skip policy, run on a small test file of its own."""
 
-from .conftest import REPO
+from tests.helpers import REPO
 
 
 def test_only_gpu_tests_skip_and_every_skip_says_why(pytester, monkeypatch):

@@ -19,8 +19,7 @@ from eagle3_datagen.formats.datasets import normalize
 from eagle3_datagen.formats.files import InputError, read_jsonl
 from eagle3_datagen.formats.sources import Source
 from eagle3_datagen.stages.prompts import build_prompts
-
-from .records import ALPACA, MANIFEST, OPENAI, REALDATA, SHAREGPT, TOOLS, as_dataset, hub_cache, hub_layout
+from tests.helpers.records import ALPACA, MANIFEST, OPENAI, REALDATA, SHAREGPT, TOOLS, as_dataset, hub_cache, hub_layout
 
 datasets.disable_progress_bars()
 

@@ -19,9 +19,8 @@ from eagle3_datagen.stages.export import export
 from eagle3_datagen.stages.hidden import shard as shard_module
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.workflow import job_resources
-
-from .conftest import HIDDEN_SETTINGS as SETTINGS
-from .conftest import REPO, make_samples
+from tests.helpers import HIDDEN_SETTINGS as SETTINGS
+from tests.helpers import REPO, make_samples
 
 GZIP = fill_defaults({"specforge": {"compress": "gzip", "compress_level": 1}}, "export")
 STORED = {

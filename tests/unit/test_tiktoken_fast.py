@@ -4,8 +4,7 @@ import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
 from eagle3_datagen.chat.tiktoken_fast import KIMI_PATTERN, read_added_tokens
-
-from .conftest import KIMI_FILES
+from tests.helpers import KIMI_FILES
 
 TEXTS = [
     "Hello world 1234567 89",

@@ -5,8 +5,7 @@ import pytest
 from eagle3_datagen.chat.template import TemplateError, encode, resolve_special_tokens, split_output_ids
 from eagle3_datagen.stages.tokens import CHUNK_ROWS, TokenBuilder, build_samples, loss_spans
 from eagle3_datagen.stages.tokens.turns import BoundaryError, ReasoningDroppedError
-
-from .conftest import defaults, token_settings
+from tests.helpers import defaults, token_settings
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 

@@ -7,9 +7,8 @@ from eagle3_datagen.chat.template import TemplateError
 from eagle3_datagen.chat.tool_calls import ToolCallMarkers, derive_markers, openai_call
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from tests.doubles.loopback import Loopback, ScriptedCall, serve_in_thread
-
-from .conftest import defaults, openrouter_backend, run_responses, sglang_backend
-from .records import GLAIVE_CHAIN, write_jsonl
+from tests.helpers import defaults, openrouter_backend, run_responses, sglang_backend
+from tests.helpers.records import GLAIVE_CHAIN, write_jsonl
 
 FACTORIAL = {
     "type": "function",
@@ -212,8 +211,7 @@ def test_hf_backend_declares_tools_and_goes_on_after_a_matched_call(tmp_path, ki
     import torch
 
     from eagle3_datagen.backends.hf.generate import HFBackend
-
-    from .conftest import tiny_qwen3
+    from tests.helpers import tiny_qwen3
 
     kimi_tiny_dir = tmp_path / "Kimi-tiny"
     shutil.copytree(kimi_fast_dir, kimi_tiny_dir)

@@ -10,8 +10,7 @@ import yaml
 
 from eagle3_datagen import config_schema
 from eagle3_datagen.workflow import settings as wf
-
-from .conftest import REPO, copy_workflow, scheduled, snakemake
+from tests.helpers import REPO, copy_workflow, scheduled, snakemake
 
 DEMO = yaml.safe_load((REPO / "config.yaml").read_text())
 

@@ -10,8 +10,7 @@ import pytest
 import yaml
 
 from eagle3_datagen.formats.files import read_jsonl
-
-from .conftest import REPO, scheduled, snakemake
+from tests.helpers import REPO, scheduled, snakemake
 
 pytestmark = pytest.mark.e2e
 DEMO = yaml.safe_load((REPO / "config.yaml").read_text())

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO, copy_workflow, snakemake
+from tests.helpers import REPO, copy_workflow, snakemake
 
 
 @pytest.fixture(scope="module")

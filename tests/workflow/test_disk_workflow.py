@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e
 

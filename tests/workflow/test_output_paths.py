@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from eagle3_datagen.workflow.settings import demo_model_problems
-from tests.conftest import REPO, copy_workflow, snakemake
+from tests.helpers import REPO, copy_workflow, snakemake
 
 OWN_FOLDERS = {"results", "logs", "benchmarks"}
 SHIPPED_CONFIGS = [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import copy_workflow, kimi_sources, run
+from tests.helpers import copy_workflow, kimi_sources, run
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from .conftest import snakemake
+from tests.helpers import snakemake
 
 pytestmark = pytest.mark.e2e
 

@@ -20,8 +20,7 @@ import yaml
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.journal import journal_path
 from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
-
-from .conftest import KEY_ENV, copy_workflow, snakemake
+from tests.helpers import KEY_ENV, copy_workflow, snakemake
 
 pytestmark = pytest.mark.e2e
 

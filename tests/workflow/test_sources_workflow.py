@@ -9,9 +9,8 @@ import yaml
 
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.reporting.plan import scheduled_jobs
-
-from .conftest import copy_workflow, snakemake
-from .records import ALPACA, REALDATA, SHAREGPT, as_dataset, hub_cache, hub_layout
+from tests.helpers import copy_workflow, snakemake
+from tests.helpers.records import ALPACA, REALDATA, SHAREGPT, as_dataset, hub_cache, hub_layout
 
 pytestmark = pytest.mark.e2e
 

@@ -29,9 +29,8 @@ import pytest
 import yaml
 
 from eagle3_datagen.backends.service import record as service_record
-
-from .conftest import wait_until
-from .slurm import JOB_SIZE, SLURM_ARGS, sacct_jobs, without_timings
+from tests.helpers import wait_until
+from tests.slurm import JOB_SIZE, SLURM_ARGS, sacct_jobs, without_timings
 
 pytestmark = pytest.mark.e2e
 

@@ -15,8 +15,7 @@ from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.reporting.plan import measured_loads, plan_rates
 from eagle3_datagen.stages.tokens import loss_spans
-
-from .conftest import KIMI_FILES, REPO, copy_workflow, run
+from tests.helpers import KIMI_FILES, REPO, copy_workflow, run
 
 pytestmark = pytest.mark.e2e
 
@@ -85,7 +84,7 @@ def test_the_plan_reads_the_smoke_runs_rates_and_loads(tiny_kimi_smoke):
 def test_the_layer_check_catches_reversed_auxiliary_layers_and_a_missing_final_norm(tiny_kimi_dir):
     """The smoke run's independent capture against its stored slots passes; the same slots with the auxiliary
     layers reversed, or the SpecForge export's final state without its norm, fail, each named with the layer it
-    holds (tests/test_planted_defect.py shows the probe passing reversed layers)."""
+    holds (tests/workflow/test_planted_defect.py shows the probe passing reversed layers)."""
     model = tiny_kimi_dir / "results/tiny-kimi/model"
     shard_dir = tiny_kimi_dir / "results/tiny_glaive/hidden/00000"
     exports = {f: tiny_kimi_dir / f"results/tiny_glaive/export/{f}" for f in ("specforge", "speculators")}

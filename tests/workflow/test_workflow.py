@@ -20,8 +20,7 @@ from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.tokens import loss_spans
 from tests.doubles.loopback import Loopback, serve_in_thread
-
-from .conftest import DEMO_CONSOLE, REPO, copy_workflow, run, scheduled, snakemake
+from tests.helpers import DEMO_CONSOLE, REPO, copy_workflow, run, scheduled, snakemake
 
 pytestmark = pytest.mark.e2e
 
