@@ -91,3 +91,24 @@ def test_status_and_plan_load_no_torch():
         )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
         assert out.splitlines()[-1] == "False False", script
+
+
+TESTS = REPO / "tests"
+TIERS = {"unit", "workflow", "slurm", "bench", "families", "real_sglang", "trainers"}
+
+
+def test_every_test_file_is_in_a_tier_folder_and_no_test_imports_a_conftest():
+    """Each tier is a folder with the fixtures only it uses (docs/development.md); what tests share is in
+    tests/helpers, so that a tier's fixtures never load into another's through an import."""
+    test_files = TESTS.rglob("test_*.py")
+    outside = [str(path.relative_to(REPO)) for path in test_files if path.relative_to(TESTS).parts[0] not in TIERS]
+    assert not outside, f"{outside}: move each into its tier's folder, one of tests/{sorted(TIERS)}"
+    for path in sorted(TESTS.rglob("*.py")):
+        if "fixtures" in path.relative_to(TESTS).parts:
+            continue
+        tree = ast.parse(path.read_text())
+        relative = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level and n.module]
+        absolute = {name.split(".")[-1] for name in imports(path)}
+        assert "conftest" not in absolute and not [m for m in relative if m.split(".")[-1] == "conftest"], (
+            f"{path.relative_to(REPO)} imports a conftest: move what it takes into tests/helpers"
+        )
