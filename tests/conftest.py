@@ -1,11 +1,12 @@
 """Fixtures and hooks of every tier; a tier's own fixtures are in its folder's conftest.py and the plain
 helpers in tests/helpers."""
 
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import KEY_ENV, tiny_qwen3
+from tests.helpers import KEY_ENV, tiny_qwen3, wait_until
 
 pytest_plugins = ["tests.skip_policy", "pytester", "tests.slurm"]
 
@@ -76,3 +77,17 @@ def qwen_tokenizer_dir(tmp_path_factory, qwen_tokenizer) -> Path:
     path = tmp_path_factory.mktemp("served") / "Tiny-Model"
     qwen_tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    """A node directory of the test's own (jobs find it through TMPDIR); no node service left behind."""
+    from eagle3_datagen.backends.service.lease import request_stop
+    from eagle3_datagen.backends.service.record import node_dir, running_record
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    yield node_dir()
+    request_stop()
+    wait_until(lambda: running_record(node_dir()) is None, timeout=60)

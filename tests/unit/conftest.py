@@ -1,11 +1,10 @@
-"""The unit tier's fixtures: Kimi-K2.5's tokenizer loaded each way, a node directory of a test's own."""
+"""The unit tier's fixtures: Kimi-K2.5's tokenizer, loaded each way it is shipped."""
 
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import KIMI_FILES, wait_until
+from tests.helpers import KIMI_FILES
 
 
 @pytest.fixture(scope="session")
@@ -39,17 +38,3 @@ def kimi_slow(kimi_remote_code_dir):
     from eagle3_datagen.chat.template import load_tokenizer
 
     return load_tokenizer(kimi_remote_code_dir, trust_remote_code=True)
-
-
-@pytest.fixture
-def node(tmp_path, monkeypatch):
-    """A node directory of the test's own (jobs find it through TMPDIR); no node service left behind."""
-    from eagle3_datagen.backends.service.lease import request_stop
-    from eagle3_datagen.backends.service.record import node_dir, running_record
-
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(tempfile, "tempdir", None)
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    yield node_dir()
-    request_stop()
-    wait_until(lambda: running_record(node_dir()) is None, timeout=60)
