@@ -53,7 +53,7 @@ demo: install specforge-env ## the whole workflow on the embedded CPU demo
 tiny-kimi: install specforge-env ## the whole workflow on CPU with Kimi-K2.5's architecture and tokenizer
 	snakemake --profile local --configfile config/tiny-kimi.yaml
 
-# tests/test_slurm.py's single-node cluster: Debian's SLURM, its accounting daemon on a private MariaDB,
+# tests/slurm/test_slurm.py's single-node cluster: Debian's SLURM, its accounting daemon on a private MariaDB,
 # munge. Installed with apt as root; elsewhere `make test` stops here, before any test, saying why.
 SLURM_DAEMONS := slurmctld slurmd slurmdbd munged mariadbd
 slurm-packages: ## install the SLURM test cluster's Debian packages (as root)
@@ -85,7 +85,7 @@ test: slurm-packages install ## every test tier, as CI does
 # Main-suite files that run in the second run, after the SGLang and trainer tiers, so that the two runs
 # end together: files that need no fixture of the main suite's (the demo run), the tiny Kimi workflow
 # (about 4 minutes) and the target families' tier (tests/families: one workflow run per family) the largest.
-MAIN_BESIDE := tests/test_tiny_kimi.py tests/test_plan_first_run.py tests/test_bench.py tests/families
+MAIN_BESIDE := tests/workflow/test_tiny_kimi.py tests/workflow/test_plan_first_run.py tests/bench/test_bench.py tests/families
 # The demo (tests' demo_dir) trains its evaluate drafts with SpecForge.
 test-main: install specforge-env ## the main suite, but for MAIN_BESIDE (part of make test)
 	mkdir -p $(TEST_TMP)/main

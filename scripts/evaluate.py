@@ -3,7 +3,7 @@
 release and measure its acceptance length by speculative decoding of the target on the held-out samples;
 fail below `min_acceptance_length`, keeping the data. With `--baseline-export`, train the same draft on the
 baseline's export too and measure both on the same held-out samples. With `--vocab`, the drafts train with
-that draft vocabulary rather than the one the export names (a partition's own: tests/test_workflow.py).
+that draft vocabulary rather than the one the export names (a partition's own: tests/workflow/test_workflow.py).
 
 Runs under SpecForge's venv (`make specforge-env`); the training on the CPU, or on one GPU with
 evaluate.device: cuda; the decoding on the CPU."""

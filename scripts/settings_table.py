@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Print the table of every config setting (key, kind, default, description) generated from
 src/eagle3_datagen/config.schema.yaml, or with --write put it into docs/settings.md between its markers
-(tests/test_settings_said_once.py fails while the page's table differs from the schema's)."""
+(tests/unit/test_settings_said_once.py fails while the page's table differs from the schema's)."""
 
 from pathlib import Path
 

@@ -56,7 +56,7 @@ OUTPUT = "output"  # shapes the stage's output: in the rule's params, so a chang
 RUN = "run"  # governs only how the job runs: read at run time, a change reschedules nothing
 
 # Every config key's kind, by its path in the schema (`*`: any partition's name): each key's `x-kind`
-# in config.schema.yaml, where a key without one fails tests/test_settings.py.
+# in config.schema.yaml, where a key without one fails tests/unit/test_settings.py.
 KINDS: dict[str, str] = kinds()
 
 

@@ -11,12 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ..conftest import REPO, copy_workflow, run
+from tests.helpers import REPO, copy_workflow, run
+from tests.helpers.families import EVALUATED, FAMILIES, family_config, partition
 
-FAMILIES = ("qwen3", "qwen3-hybrid", "deepseek-v3", "gpt-oss", "llama-3.1")
-# The families whose run trains a draft on its SpecForge export (and measures its acceptance) and whose
-# speculators export vLLM speculators trains on.
-EVALUATED = ("gpt-oss",)
 RUNS_AT_ONCE = 2
 
 
@@ -25,15 +22,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.families)
-
-
-def family_config(family: str) -> dict:
-    return yaml.safe_load((REPO / "config/targets" / f"{family}.yaml").read_text())
-
-
-def partition(family: str) -> str:
-    [name] = family_config(family)["partitions"]
-    return name
 
 
 def run_family(work: Path, family: str) -> Path:

@@ -17,9 +17,8 @@ import torch
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.stages.tokens import loss_spans
-
-from ..conftest import REPO, TARGET_FILES, target_chat
-from .conftest import EVALUATED, FAMILIES, family_config, partition
+from tests.helpers import REPO, TARGET_FILES, target_chat
+from tests.helpers.families import EVALUATED, FAMILIES, family_config, partition
 
 # (folder, architecture, model_type, the reasoning the model was fitted to write, or None)
 ARCHITECTURES = {

@@ -15,14 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3_datagen.config_schema import fill_defaults
+from tests.helpers.sglang_cpu import CPU_CAPTURE_SETTINGS, CPU_DIR, MAX_BATCH_TOKENS, SGLANG_CPU_ENV
 
-CPU_DIR = Path(__file__).parent / "cpu"
-SGLANG_CPU_ENV = {
-    "SGLANG_USE_CPU_ENGINE": "1",
-    "SGLANG_EXTERNAL_MODEL_PACKAGE": "sglang_test_models",
-    "PYTHONPATH": os.pathsep.join(filter(None, [str(CPU_DIR), os.environ.get("PYTHONPATH")])),
-}
 os.environ.update(SGLANG_CPU_ENV)
 sys.path.insert(0, str(CPU_DIR))
 
@@ -30,17 +24,6 @@ try:
     import sglang  # noqa: F401
 except ImportError as error:  # run by plain `pytest` in the main venv: say how to run it
     raise ImportError("tests/real_sglang runs under .venv-sglang: use `make test` (or `make sglang-env`)") from error
-
-# On the CPU, SGLang sizes its KV cache from the machine's free memory, measured before and after the
-# weights load: at a static fraction of 0.05, another process taking 5% of free memory meanwhile fails
-# the start ("Loaded weights leave no GPU memory"). max_total_tokens caps the cache at what the tests need.
-CPU_MEM_FRACTION_STATIC = 0.5
-# Small enough for a CI core, large enough that the KV cache holds every test batch.
-CPU_CAPTURE_SETTINGS = fill_defaults(
-    {"dtype": "float32", "mem_fraction_static": CPU_MEM_FRACTION_STATIC, "server_args": {"max_total_tokens": 4096}},
-    "hidden_states.sglang",
-)
-MAX_BATCH_TOKENS = 64
 
 
 def tiny_deepseek_v3(num_layers: int = 8):
@@ -103,19 +86,10 @@ def qwen_runner(tiny_model_dir):
     return SGLangModelRunner([*flags, *CPU_SERVER_FLAGS])
 
 
-# `sglang.launch_server` on a CPU, as the issue found it starts (about a minute of imports).
-CPU_LAUNCH_ARGS = [
-    "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
-    "--grammar-backend", "none", "--cuda-graph-backend-decode", "disabled",
-    "--cuda-graph-backend-prefill", "disabled", "--mem-fraction-static", str(CPU_MEM_FRACTION_STATIC),
-    "--max-total-tokens", "4096", "--dtype", "float32", "--disable-radix-cache",
-]  # fmt: skip
-
-
 @pytest.fixture(scope="session")
 def served_model_dir(tmp_path_factory, qwen_tokenizer) -> Path:
     """The tiny Qwen3 with Qwen's real tokenizer and chat template, as a server loads it."""
-    from ..conftest import tiny_qwen3
+    from tests.helpers import tiny_qwen3
 
     torch.manual_seed(2)
     path = tmp_path_factory.mktemp("served") / "Tiny-Served"
@@ -129,11 +103,3 @@ def hf_model(served_model_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(served_model_dir, dtype=torch.float32).eval()
-
-
-def greedy(hf_model, prompt_ids, max_new_tokens):
-    """transformers' greedy continuation of `prompt_ids`: what the served model must answer at temperature 0."""
-    out = hf_model.generate(
-        torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
-    )
-    return out[0, len(prompt_ids) :].tolist()

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from ..conftest import REPO
+from tests.helpers import REPO
 
 
 def test_sglang_capture_cpu_bench_runs():

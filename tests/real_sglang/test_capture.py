@@ -16,9 +16,9 @@ from eagle3_datagen.chat.template import load_tokenizer
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.diagnostics.gpu_check import agreement_by_layer, format_table, random_batch
 from eagle3_datagen.targets.tiny_family import tiny_config, tiny_model, write_model_dir
+from tests.helpers import TARGET_FILES, make_samples
+from tests.helpers.sglang_cpu import CPU_CAPTURE_SETTINGS, MAX_BATCH_TOKENS
 
-from ..conftest import TARGET_FILES, make_samples
-from .conftest import CPU_CAPTURE_SETTINGS, MAX_BATCH_TOKENS
 from .runner_process import capture_with_both_backends, in_own_process
 
 

@@ -8,8 +8,7 @@ import pytest
 
 from eagle3_datagen.backends.sglang.capture import CPU_SERVER_FLAGS, server_flags
 from eagle3_datagen.config_schema import fill_defaults
-
-from .conftest import CPU_LAUNCH_ARGS
+from tests.helpers.sglang_cpu import CPU_LAUNCH_ARGS
 
 
 def takes(function, *names):

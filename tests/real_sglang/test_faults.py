@@ -24,9 +24,8 @@ from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.formats.journal import journal_path
-
-from ..conftest import REPO, free_port, hidden_job, make_samples, wait_until
-from .conftest import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS, greedy
+from tests.helpers import REPO, free_port, hidden_job, make_samples, wait_until
+from tests.helpers.sglang_cpu import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS, greedy
 
 PROMPTS = 24
 MAX_TOKENS = 16

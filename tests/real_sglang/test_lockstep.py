@@ -19,9 +19,8 @@ from eagle3_datagen.backends.sglang.capture import SGLangCapture
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.hidden_codec import Codec
 from eagle3_datagen.formats.hidden_shard import HiddenShard, plan_parts
-
-from ..conftest import make_samples
-from .conftest import CPU_CAPTURE_SETTINGS
+from tests.helpers import make_samples
+from tests.helpers.sglang_cpu import CPU_CAPTURE_SETTINGS
 
 SETTINGS = fill_defaults(
     {

@@ -18,9 +18,8 @@ from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
-
-from ..conftest import free_port, wait_until
-from .conftest import CPU_LAUNCH_ARGS, greedy
+from tests.helpers import free_port, wait_until
+from tests.helpers.sglang_cpu import CPU_LAUNCH_ARGS, greedy
 
 JOB = """
 import sys, time

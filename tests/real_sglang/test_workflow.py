@@ -27,10 +27,10 @@ import yaml
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
+from tests.helpers import REPO, copy_workflow, wait_until
+from tests.helpers.sglang_cpu import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS, SGLANG_CPU_ENV
 
-from ..conftest import REPO, copy_workflow, wait_until
 from ..slurm import NODE_SIZED, SLURM_ARGS, sacct_jobs, without_timings
-from .conftest import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS, SGLANG_CPU_ENV
 
 PARTITIONS = {"demo_sharegpt": 2, "demo_alpaca": 2}
 SHARDS = sum(PARTITIONS.values())
@@ -80,7 +80,7 @@ def run_config(partitions: dict) -> dict:
     config["partitions"] = {name: {**config["partitions"][name], "shards": n} for name, n in partitions.items()}
     del config["demo"]  # the model built by the first step, as a production directory
     # what the SGLang server and capture runner make is under test, not the drafts trained on it (the
-    # evaluate stage: tests/test_workflow.py, tests/trainers)
+    # evaluate stage: tests/workflow/test_workflow.py, tests/trainers)
     del config["evaluate"]
     # the capture runner's tensor-parallel size: torchrun --nproc-per-node 2 (the server keeps TP 1: its args)
     config["resources"]["gpus_per_node"] = GPUS
@@ -280,7 +280,7 @@ def slurm_run(sglang_run, slurm_cluster, tmp_path_factory):
     """The same 2 x 2 run under `--profile slurm` on the test cluster (tests/slurm), from the same model:
     (work directory, the run's SLURM jobs)."""
     work = sglang_workflow(tmp_path_factory.mktemp("sglang-slurm"))
-    # The same model and prompts: what SLURM runs differently are the GPU stages (tests/test_slurm.py runs
+    # The same model and prompts: what SLURM runs differently are the GPU stages (tests/slurm/test_slurm.py runs
     # prompts jobs there and compares them with a local run's)
     shutil.copytree(sglang_run / "results/demo/model", work / "results/demo/model")
     for partition in PARTITIONS:

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from ..conftest import REPO, run
+from tests.helpers import REPO, run
 
 CLUSTER = REPO / "tests/slurm/cluster.sh"
 SLURM_ARGS = [

@@ -14,8 +14,7 @@ from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.stages.export import export
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.vocab import vocab_mapping
-
-from ..conftest import REPO, tiny_qwen3
+from tests.helpers import REPO, tiny_qwen3
 
 DRAFT_VOCAB = 256
 

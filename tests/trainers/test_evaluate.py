@@ -44,8 +44,7 @@ from eagle3_datagen.stages.evaluate.speculative import (
     target_pass,
 )
 from eagle3_datagen.stages.vocab import vocab_mapping
-
-from ..conftest import defaults
+from tests.helpers import defaults
 
 pytestmark = pytest.mark.trainers
 

@@ -17,8 +17,7 @@ from specforge.data.preprocessing import preprocess_conversations
 from specforge.data.template import TEMPLATE_REGISTRY
 
 from eagle3_datagen.stages.tokens import TokenBuilder, loss_spans
-
-from ..conftest import TARGET_FILES, target_chat, token_settings
+from tests.helpers import TARGET_FILES, target_chat, token_settings
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 WEATHER = [

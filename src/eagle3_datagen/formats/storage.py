@@ -3,7 +3,7 @@
 Per token and per sample, by element type, layout and compression: `Codec` sizes a shard's parts with
 `shard_bytes_per_token`, and the plan, the preflight's disk check and the export jobs' resources
 (`reporting/plan.py`, `workflow/disk.py`, `workflow/job_resources.py`) count a run's bytes with the rest.
-Overheads are the files' own framing, measured on real files (tests/test_storage.py checks the model
+Overheads are the files' own framing, measured on real files (tests/unit/test_storage.py checks the model
 against exports of every format); compressed sizes use a finished output's observed ratio where one
 exists, else the ratios below, measured on synthetic 7168-wide states (BENCHMARKS.md, `bench/states_cpu.py`).
 """

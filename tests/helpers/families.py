@@ -1,0 +1,19 @@
+"""The target families of tests/families: their names and shipped configs (config/targets)."""
+
+import yaml
+
+from tests.helpers import REPO
+
+FAMILIES = ("qwen3", "qwen3-hybrid", "deepseek-v3", "gpt-oss", "llama-3.1")
+# The families whose run trains a draft on its SpecForge export (and measures its acceptance) and whose
+# speculators export vLLM speculators trains on.
+EVALUATED = ("gpt-oss",)
+
+
+def family_config(family: str) -> dict:
+    return yaml.safe_load((REPO / "config/targets" / f"{family}.yaml").read_text())
+
+
+def partition(family: str) -> str:
+    [name] = family_config(family)["partitions"]
+    return name

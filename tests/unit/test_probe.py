@@ -1,0 +1,199 @@
+"""The probe on a random model's greedy data, and on deliberately broken variants of it.
+
+A random model predicts nothing but its own greedy choices, so any position the probe is
+pointed at wrongly shows: a prompt token in the mask, a state from the wrong layer, or a
+context other than the one the response was generated in.
+"""
+
+import json
+
+import pytest
+import torch
+
+from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.backends.hf.generate import HFBackend
+from eagle3_datagen.config_schema import fill_defaults
+from eagle3_datagen.formats import hidden_codec
+from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
+from eagle3_datagen.stages.hidden.shard import capture_shard
+from eagle3_datagen.stages.probe import LMHead, ProbeFailure, run_probe
+from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
+from eagle3_datagen.stages.tokens import build_samples
+from tests.helpers import defaults, probe_settings, tiny_qwen3, token_settings
+
+THINKING_OFF = defaults("model", chat_template_kwargs={"enable_thinking": False})
+THINKING_ON = defaults("model", chat_template_kwargs={"enable_thinking": True})
+HIDDEN = fill_defaults({"dtype": "float32", "shard_bytes": 1 << 20, "max_batch_tokens": 256}, "hidden_states")
+
+
+@pytest.fixture(scope="module")
+def random_model_dir(tmp_path_factory, qwen_tokenizer):
+    torch.manual_seed(1)
+    model = tiny_qwen3(len(qwen_tokenizer), tie_word_embeddings=False)
+    with torch.no_grad():  # a final norm that is not all ones, so normed and raw states differ
+        model.model.norm.weight.uniform_(-2.0, 2.0)
+    path = tmp_path_factory.mktemp("random") / "model"
+    model.save_pretrained(path, max_shard_size="10MB")  # sharded: the probe reads the index
+    qwen_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def greedy_rows(random_model_dir, tmp_path_factory):
+    prompts = [
+        {"id": f"p{i}", "source": "test", "messages": [{"role": "user", "content": f"Question {i}: {topic}?"}]}
+        for i, topic in enumerate(["rivers", "prime numbers", "sorting", "tides", "bread", "orbits"] * 2)
+    ]
+    backend = HFBackend(
+        random_model_dir,
+        defaults("inference.sampling", max_new_tokens=16, temperature=0.0),
+        defaults("inference.hf", batch_size=4),
+        THINKING_OFF,
+    )
+    work = tmp_path_factory.mktemp("greedy")
+    write_jsonl_zst(work / "prompts.jsonl.zst", prompts)
+    run_journaled_responses(work / "prompts.jsonl.zst", work / "out.jsonl.zst", work / "stats.json", backend, Budgets())
+    return read_jsonl(work / "out.jsonl.zst")
+
+
+def samples_for(rows, model_dir, model_settings=THINKING_OFF):
+    samples, _ = build_samples(rows, model_dir, model_settings, token_settings(gates={"truncated": False}))
+    return samples
+
+
+def shard(tmp_path, name, samples, model_dir, final="normed", final_layer=None, storage=None):
+    capture = HFCapture(model_dir, "auto", final, {"dtype": "float32", "device": "cpu"})
+    if final_layer is not None:
+        capture.num_layers = final_layer  # a capture that takes the final state from another layer
+    out = tmp_path / name
+    capture_shard(samples, out, capture, {**HIDDEN, **(storage or {})})
+    return out
+
+
+# The shard's tokens audit as the probe reads it: 12 response rows, none dropped.
+TOKENS_AUDIT = {"gates": {"rows": 12, "dropped_rows": 0, "counts": {"truncated": 0}}}
+
+
+def probe(tmp_path, shard_dir, model_dir, greedy_exact=True, settings=None, tokens_audit=TOKENS_AUDIT):
+    return run_probe(
+        shard_dir,
+        tmp_path / f"{shard_dir.name}.json",
+        model_dir,
+        settings or probe_settings(),
+        "P1",
+        "hf",
+        greedy_exact,
+        tokens_audit,
+    )
+
+
+def test_greedy_data_agrees_and_only_head_and_norm_are_read(tmp_path, random_model_dir, greedy_rows):
+    result = probe(
+        tmp_path, shard(tmp_path, "ok", samples_for(greedy_rows, random_model_dir), random_model_dir), random_model_dir
+    )
+    assert result["verdict"] == "ok"
+    assert result["positions_probed"] == result["positions_total"] == 12 * 16
+    assert result["last_turn"]["top1_agreement"] >= 0.99
+    assert result["by_position"][0]["positions"] == 12
+    assert result["tensors_loaded"] == ["lm_head.weight", "model.norm.weight"]
+    written = json.loads((tmp_path / "ok.json").read_text())
+    assert written["partition"] == "P1" and written["backend"] == "hf"
+
+
+def test_a_shard_with_nothing_to_probe_fails_unless_its_prompt_shard_was_empty(tmp_path, random_model_dir, greedy_rows):
+    """No trained position: every row failed or was gated (the tokens job fails such a shard first), or
+    every sample's loss mask is empty. Only a shard without response rows is `empty`, not a failure."""
+    unmasked = [{**s, "loss_mask": [0] * len(s["loss_mask"])} for s in samples_for(greedy_rows, random_model_dir)]
+    gated = {"gates": {"rows": 12, "dropped_rows": 4, "counts": {"truncated": 3, "repetition": 1, "empty": 0}}}
+    with pytest.raises(
+        ProbeFailure,
+        match=r"shard unmasked \(hf\): no position to probe: of its 12 response rows the "
+        r"tokens stage dropped 4 \(truncated 3, repetition 1\) and the rest hold no trained token",
+    ):
+        probe(tmp_path, shard(tmp_path, "unmasked", unmasked, random_model_dir), random_model_dir, tokens_audit=gated)
+    assert not (tmp_path / "unmasked.json").exists()
+    empty = shard(tmp_path, "empty", [], random_model_dir)
+    result = probe(
+        tmp_path, empty, random_model_dir, tokens_audit={"gates": {"rows": 0, "dropped_rows": 0, "counts": {}}}
+    )
+    assert (result["verdict"], result["positions_total"]) == ("empty", 0)
+    assert result["reasons"] == ["no position to probe: the shard's prompt shard holds no prompt"]
+
+
+def test_lm_head_reads_two_tensors_of_a_sharded_checkpoint(random_model_dir):
+    index = json.loads((random_model_dir / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    head = LMHead(random_model_dir)
+    assert head.loaded == ["lm_head.weight", "model.norm.weight"]
+    assert tuple(head.weight.shape) == (151669, 32)
+
+
+def test_shifted_loss_mask_fails(tmp_path, random_model_dir, greedy_rows):
+    shifted = []
+    for sample in samples_for(greedy_rows, random_model_dir):
+        mask = sample["loss_mask"]
+        shifted.append({**sample, "loss_mask": mask[1:] + [0]})  # one token early: the prompt's last
+    with pytest.raises(ProbeFailure, match=r"partition P1, shard shifted .*first 4 response positions"):
+        probe(tmp_path, shard(tmp_path, "shifted", shifted, random_model_dir), random_model_dir)
+
+
+def test_wrong_final_layer_fails(tmp_path, random_model_dir, greedy_rows):
+    samples = samples_for(greedy_rows, random_model_dir)
+    wrong = shard(tmp_path, "layer7", samples, random_model_dir, final="raw", final_layer=7)
+    with pytest.raises(ProbeFailure, match=r"top-1 agreement on the last turns is 0\.\d+.*Likely causes: a loss"):
+        probe(tmp_path, wrong, random_model_dir)
+
+
+def test_swapped_chat_template_fails(tmp_path, random_model_dir, greedy_rows):
+    # Generated with thinking off; tokens rebuilt as if thinking were on: the model's context
+    # lacks the closed think block it saw.
+    samples = samples_for(greedy_rows, random_model_dir, THINKING_ON)
+    with pytest.raises(ProbeFailure, match="first 4 response positions"):
+        probe(tmp_path, shard(tmp_path, "swapped", samples, random_model_dir), random_model_dir)
+
+
+def test_text_rebuilt_data_is_judged_on_log_probability(tmp_path, random_model_dir, greedy_rows):
+    samples = samples_for(greedy_rows, random_model_dir, THINKING_ON)
+    result = probe(tmp_path, shard(tmp_path, "text", samples, random_model_dir), random_model_dir, greedy_exact=False)
+    assert result["greedy_exact"] is False
+    assert result["verdict"] in ("ok", "warn")
+    assert result["verdict"] == ("warn" if result["all"]["mean_logprob"] < -3.0 else "ok")
+
+
+FP8 = {"dtype": "float8_e4m3", "scales": "token", "reference_positions": 64}
+
+
+def test_fp8_storage_cost_is_measured_on_bf16_reference_rows(tmp_path, random_model_dir, greedy_rows):
+    samples = samples_for(greedy_rows, random_model_dir)
+    lossless = probe(tmp_path, shard(tmp_path, "bf16", samples, random_model_dir), random_model_dir)
+    assert lossless["storage_cost"] is None and lossless["storage"]["dtype"] == "float32"
+    result = probe(
+        tmp_path,
+        shard(tmp_path, "fp8", samples, random_model_dir, storage=FP8),
+        random_model_dir,
+        settings=probe_settings(max_agreement_drop=1.0, min_greedy_agreement=0.0, min_first_agreement=0.0),
+    )
+    cost = result["storage_cost"]
+    assert result["storage"] == {
+        "dtype": "float8_e4m3",
+        "scales": {"granularity": "token", "dtype": "bfloat16"},
+        "compress": None,
+    }
+    assert cost["positions"] == 64
+    assert cost["reference"]["top1_agreement"] >= 0.9  # bf16 rows of float32 greedy data: near-ties flip
+    assert cost["agreement_drop"] == cost["reference"]["top1_agreement"] - cost["stored"]["top1_agreement"]
+    assert [layer["layer"] for layer in cost["layers"]] == [2, 4, 5, "final"]
+    for layer in cost["layers"]:  # e4m3: 3 mantissa bits
+        assert 0.005 < layer["relative_error"] < 0.04 and layer["cosine"] > 0.999
+
+
+def test_lossy_storage_past_the_agreement_bound_fails(tmp_path, random_model_dir, greedy_rows, monkeypatch):
+    """Real fp8 on this model stays within the bound; a reader that decodes the stored states with
+    noise stands in for a storage setting too coarse for its states."""
+    out = shard(tmp_path, "noisy", samples_for(greedy_rows, random_model_dir), random_model_dir, storage=FP8)
+    real = hidden_codec.dequantize
+    monkeypatch.setattr(hidden_codec, "dequantize", lambda v, s: real(v, s) + torch.randn(v.shape).bfloat16() * 3)
+    with pytest.raises(
+        ProbeFailure, match=r"float8_e4m3 storage loses 0\.\d+ top-1 agreement .*max_agreement_drop=0\.005"
+    ):
+        probe(tmp_path, out, random_model_dir)

@@ -1,0 +1,23 @@
+"""The GPU env (envs/sglang.yaml) and the CPU test env (envs/sglang-cpu.txt) pin the same SGLang,
+and the same versions of what that SGLang release pins itself. `make check-envs` resolves the yaml."""
+
+import re
+from pathlib import Path
+
+import yaml
+
+ENVS = Path(__file__).resolve().parents[2] / "envs"
+
+
+def pins(lines) -> dict[str, str]:
+    found = (re.fullmatch(r"([A-Za-z0-9_.\-\[\]]+)==(\S+)", line.strip()) for line in lines)
+    return {m.group(1).lower(): m.group(2) for m in found if m}
+
+
+def test_gpu_and_cpu_envs_pin_the_same_sglang_and_transformers():
+    deps = yaml.safe_load((ENVS / "sglang.yaml").read_text())["dependencies"]
+    gpu = pins(p for d in deps if isinstance(d, dict) for p in d["pip"])
+    cpu = pins((ENVS / "sglang-cpu.txt").read_text().splitlines())
+    assert gpu["sglang"] == cpu["sglang"] == "0.5.23"
+    assert gpu["transformers"] == cpu["transformers"] == "5.19.0"  # sglang 0.5.23's own pin
+    assert cpu["torch"] == "2.13.0"  # the project's CPU wheel, not sglang's CUDA 2.14.1

@@ -1,0 +1,70 @@
+"""The quick fail catches what the alignment probe cannot: a defect planted in the finished demo's training
+data, through Snakemake's evaluate rule (a copy of the demo, as the other e2e tests take it)."""
+
+import json
+import re
+import shutil
+
+import pytest
+import torch
+import yaml
+
+from tests.helpers import snakemake
+
+pytestmark = pytest.mark.e2e
+
+DEFECTIVE, GOOD = "demo_sharegpt", "demo_alpaca"
+BELOW = r"partition (\w+): acceptance length ([\d.]+) is below evaluate.min_acceptance_length"
+
+
+def plant_wrong_aux_layers(export):
+    """Every sample of a SpecForge export with its auxiliary states in reverse layer order (layers 5, 4, 2
+    where the draft config and SGLang read 2, 4, 5): what a capture that lists hidden_states.aux_layers in
+    another order than the export names them would write. The probe reads the final layer of the hidden-state
+    shards only (its agreement with the LM head), so it passes these shards as before."""
+    samples = sorted(export.glob("rows_*/*.ckpt"))
+    for path in samples:
+        sample = torch.load(path, weights_only=True)
+        layers = sample["aux_hidden_state"].chunk(3, dim=-1)
+        sample["aux_hidden_state"] = torch.cat(layers[::-1], dim=-1).clone()
+        torch.save(sample, path)
+    return len(samples)
+
+
+def acceptance(work, partition):
+    return json.loads((work / f"results/{partition}/evaluate/acceptance.json").read_text())["acceptance_length"]
+
+
+def test_a_defect_the_probe_passes_lowers_acceptance_and_fails_the_quick_fail(demo_dir, tmp_path):
+    """One partition's export planted with auxiliary states from the wrong layers, the figure its good data
+    reached in the demo as the minimum: its evaluate job fails naming it and the lower value (measured: 1.089
+    against 1.125), while a good partition's, run beside it, passes with the figure it had; no hidden state
+    or export is deleted or rewritten."""
+    work = tmp_path / "wf"
+    shutil.copytree(demo_dir, work, symlinks=True)
+    good = {p: acceptance(work, p) for p in (DEFECTIVE, GOOD)}
+    probe = json.loads((work / f"results/report/{DEFECTIVE}.json").read_text())["probe"]
+    assert probe["verdicts"] == {"ok": 2}  # the shards the defective export comes from: aligned
+    # the copy's evaluate jobs train on the copy's exports (stages/evaluate/draft.py's train_config)
+    assert plant_wrong_aux_layers(work / f"results/{DEFECTIVE}/export/specforge") > 0
+    config = yaml.safe_load((work / "config.yaml").read_text())
+    minimum = good[DEFECTIVE]  # what the good data reached; the good partition's draft reached more
+    assert good[GOOD] > minimum
+    config["evaluate"]["min_acceptance_length"] = minimum
+    (work / "strict.yaml").write_text(yaml.safe_dump(config))
+    data = sorted(p for p in (work / "results").rglob("*") if "/hidden/" in str(p) or "/export/" in str(p))
+    before = {p: p.stat().st_mtime_ns for p in data if p.is_file()}
+    figures = work / f"results/{GOOD}/evaluate/acceptance.json"
+    decoded = figures.stat().st_mtime_ns
+    targets = [f"results/{p}/evaluate/acceptance.json" for p in (DEFECTIVE, GOOD)]
+    args = ["--profile", "profiles/local", "--configfile", "strict.yaml", "--forcerun", "evaluate", "--keep-going"]
+    proc = snakemake([*targets, *args], work, check=False)
+    assert proc.returncode != 0
+    failed = dict(re.findall(BELOW, proc.stderr))
+    assert list(failed) == [DEFECTIVE], proc.stderr[-3000:]
+    defective = float(failed[DEFECTIVE])
+    assert 1.0 <= defective < minimum  # the acceptance length fell below the good data's
+    assert "Common causes" in (work / f"logs/{DEFECTIVE}/evaluate/evaluate.log").read_text()
+    # the good partition, decoded again at that minimum, passes with the same figure (same data and seed)
+    assert figures.stat().st_mtime_ns > decoded and acceptance(work, GOOD) == good[GOOD] >= minimum
+    assert {p: p.stat().st_mtime_ns for p in data if p.is_file()} == before  # the data stays, untouched
