@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-WORKFLOW = ("Snakefile", "rules", "schemas", "scripts", "envs", "profiles", "config", "report", "resources")
+WORKFLOW = ("Snakefile", "rules", "scripts", "envs", "profiles", "config", "report", "resources")
 STORAGE_KEYS = ("dtype", "compress", "compress_level", "keep_shards")
 REMOVED = ("hidden", "probe", "export", "evaluate")
 

@@ -26,7 +26,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for name in ("Snakefile", "rules", "schemas", "scripts", "report", "profiles"):
+        for name in ("Snakefile", "rules", "scripts", "report", "profiles"):
             src = REPO / name
             (shutil.copytree if src.is_dir() else shutil.copy2)(src, work / name)
         config = yaml.safe_load((REPO / "config" / "kimi-k2.5-openrouter.yaml").read_text())

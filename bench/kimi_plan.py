@@ -39,7 +39,7 @@ from eagle3_datagen.reporting.plan import capture_rates, format_plan
 from tests.doubles.tiktoken_slow import write_remote_code_dir
 
 REPO = Path(__file__).resolve().parents[1]
-WORKFLOW = ("Snakefile", "rules", "schemas", "scripts", "envs", "profiles", "config", "config.yaml", "report")
+WORKFLOW = ("Snakefile", "rules", "scripts", "envs", "profiles", "config", "config.yaml", "report")
 REALDATA = REPO / "tests/fixtures/realdata"
 # Each example partition's dataset, as tests/fixtures/realdata holds its records.
 SOURCES = {
