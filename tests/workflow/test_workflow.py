@@ -428,7 +428,8 @@ def test_switching_configs_reruns_what_combines_partitions_and_refuses_missing_s
     rules = [rule for rule, _ in scheduled(out)]
     assert "Nothing to be done" not in out
     assert rules.count("hidden_states") == 32 and {"summary", "vocab_mapping"} <= set(rules)
-    blocks = {b.split(":", 1)[0].strip(): b for b in out.split("\nrule ")[1:]}
+    # a group job's rules are indented under it (the gpu profile groups the capture jobs of a node)
+    blocks = {b.split(":", 1)[0].strip(): b for b in re.split(r"\n\s*rule ", out)[1:]}
     assert re.search(r"\bgpu=8\b", blocks["hidden_states"])
 
     config = yaml.safe_load((demo_dir / "config.yaml").read_text())
