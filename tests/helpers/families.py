@@ -8,6 +8,18 @@ FAMILIES = ("qwen3", "qwen3-hybrid", "deepseek-v3", "gpt-oss", "llama-3.1")
 # The families whose run trains a draft on its SpecForge export (and measures its acceptance) and whose
 # speculators export vLLM speculators trains on.
 EVALUATED = ("gpt-oss",)
+# A conversation's system turn and one tool, as the families' token tests render them.
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the weather for a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 
 
 def family_config(family: str) -> dict:

@@ -18,18 +18,8 @@ from specforge.data.template import TEMPLATE_REGISTRY
 
 from eagle3_datagen.stages.tokens import TokenBuilder, loss_spans
 from tests.helpers import TARGET_FILES, target_chat, token_settings
+from tests.helpers.families import SYSTEM, WEATHER
 
-SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
-WEATHER = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the weather for a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
 CALL = {
     "id": "functions.get_weather:0",
     "type": "function",

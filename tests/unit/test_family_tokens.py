@@ -15,18 +15,7 @@ from eagle3_datagen.chat.template import TemplateError, encode, template_message
 from eagle3_datagen.config_schema import schema
 from eagle3_datagen.stages.tokens import TokenBuilder, loss_spans
 from tests.helpers import KIMI_FILES, TARGET_FILES, TEMPLATE_DATE, target_chat, token_settings
-
-SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
-WEATHER = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the weather for a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
+from tests.helpers.families import SYSTEM, WEATHER
 
 
 def user(text):
