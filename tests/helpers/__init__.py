@@ -144,9 +144,9 @@ _target_chats: dict[str, object] = {}
 
 
 def target_chat(folder: str, **model):
-    """The chat of a target family's fixture folder as the stages load it (`chat.families.load_chat`),
+    """The chat of a target family's fixture folder as the stages load it (`chat.families.target_chat.load_chat`),
     loaded once per test process and settings (gpt-oss's tokenizer.json takes seconds to load)."""
-    from eagle3_datagen.chat.families import load_chat
+    from eagle3_datagen.chat.families.target_chat import load_chat
 
     path = TARGET_FILES / folder
     settings = defaults("model", path=str(path), **{"chat_template_date": TEMPLATE_DATE, **model})

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from eagle3_datagen.chat.families import family_for_model_type
+from eagle3_datagen.chat.families.target_chat import family_for_model_type
 
 ARCHITECTURES = [
     ("sglang.srt.models.qwen3", "Qwen3ForCausalLM", "qwen3"),

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from eagle3_datagen.backends.rendered import RenderedChat
-from eagle3_datagen.chat.families import FAMILIES, family_for_model_type
 from eagle3_datagen.chat.families.deepseek import deepseek_sglang_layer_ids
+from eagle3_datagen.chat.families.target_chat import FAMILIES, family_for_model_type
 from eagle3_datagen.chat.template import encode
 from eagle3_datagen.registry import Registry, UnknownEntry
 from eagle3_datagen.stages.tokens import TokenBuilder, loss_spans

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from eagle3_datagen.chat.families import FAMILIES, TargetChat
 from eagle3_datagen.chat.families.base import detect_family
+from eagle3_datagen.chat.families.target_chat import FAMILIES, TargetChat
 from eagle3_datagen.chat.template import TemplateError, encode, template_messages
 from eagle3_datagen.config_schema import schema
 from eagle3_datagen.stages.tokens import TokenBuilder, loss_spans

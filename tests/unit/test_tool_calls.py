@@ -99,7 +99,7 @@ def test_kimi_tool_call_markers_come_from_the_template_and_parse_like_sglang(kim
 
 def test_a_template_without_kimi_style_calls_refuses_prompts_with_tools(qwen_tokenizer):
     from eagle3_datagen.backends.rendered import ToolCallReader
-    from eagle3_datagen.chat.families import Family
+    from eagle3_datagen.chat.families.target_chat import Family
 
     reader = ToolCallReader(qwen_tokenizer, {}, Family())  # the demo's Qwen3-style template is generic
     reader.check(None)  # prompts without tools are served as before

@@ -11,8 +11,8 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from eagle3_datagen.backends.base import Turn, finish_reason
-from eagle3_datagen.chat.families import Family, load_chat
 from eagle3_datagen.chat.families.base import ToolCallParser
+from eagle3_datagen.chat.families.target_chat import Family, load_chat
 from eagle3_datagen.chat.template import TemplateError, render_generation_prompt
 from eagle3_datagen.chat.tool_calls import calls_before, openai_call
 

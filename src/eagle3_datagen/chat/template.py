@@ -12,14 +12,21 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from eagle3_datagen.config_schema import fill_defaults
 
-if TYPE_CHECKING:
-    from eagle3_datagen.chat.families import Family
+
+class Family(Protocol):
+    """What rendering reads of a target family (`chat.families`, whose entries build on this module): the
+    message layout its template takes and the tokens that end its turns."""
+
+    turn_ends: tuple[str, ...]
+    stop_tokens: tuple[str, ...]
+
+    def template_messages(self, messages: Sequence[dict]) -> list[dict]: ...
 
 PROBE_USER = "Say hi."
 PROBE_ASSISTANT = "Probe reply."

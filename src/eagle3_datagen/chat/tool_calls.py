@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from eagle3_datagen.chat.families import Family
+    from eagle3_datagen.chat.template import Family
 
 # A call id as the model writes it: "functions.get_time:0", or "get_time:0" (KimiK2Detector's pattern).
 MODEL_CALL_ID = re.compile(r"^(?:functions\.)?(?P<name>[\w.\-]+):(?P<index>\d+)$")

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from eagle3_datagen.chat.families import TargetChat, load_chat
+from eagle3_datagen.chat.families.target_chat import TargetChat, load_chat
 from eagle3_datagen.chat.template import encode, render_generation_prompt
 from eagle3_datagen.chat.turns import ReasoningDroppedError, TemplateTurns
 from eagle3_datagen.formats.checkpoint import write_safetensors_index

@@ -168,7 +168,7 @@ def chat_template_text(folder: str | Path) -> str | None:
 
 
 def _template_problems(folder: str | Path, model: dict) -> list[str]:
-    """What the tokens and generation jobs refuse at their start (`chat.families.load_chat`), read here
+    """What the tokens and generation jobs refuse at their start (`chat.families.target_chat.load_chat`), read here
     without loading the tokenizer: a template that writes today's date without model.chat_template_date,
     a model.chat_template_kwargs key the template's text never names."""
     template = chat_template_text(folder)

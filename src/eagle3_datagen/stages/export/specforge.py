@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from eagle3_datagen.chat.families import family_for_model_type
+from eagle3_datagen.chat.families.target_chat import family_for_model_type
 from eagle3_datagen.formats.checkpoint import FinalNorm, head_and_norm_names, one_named, tensor_files, text_config
 from eagle3_datagen.formats.draft_vocab import VOCAB_MAPPING
 from eagle3_datagen.formats.hidden_shard import HiddenShard

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from eagle3_datagen.chat.families import Family, load_chat
+from eagle3_datagen.chat.families.target_chat import Family, load_chat
 from eagle3_datagen.chat.gates import GateMarkers, Gates, GateSettings, console_line, pooled
 from eagle3_datagen.chat.template import SpecialTokens, tools_rendering
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from eagle3_datagen.chat.families import Family
+from eagle3_datagen.chat.families.target_chat import Family
 from eagle3_datagen.chat.template import SpecialTokens, turn_start
 from eagle3_datagen.chat.turns import BoundaryError, ReasoningDroppedError, TemplateTurns
 
