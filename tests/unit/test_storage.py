@@ -241,7 +241,7 @@ def test_the_jobs_ask_for_what_their_bytes_need(tmp_path):
     assert 1 < plain.threads < gzipped.threads == job_resources.MAX_THREADS
     assert gzipped.mem_mb > plain.mem_mb > 10_000
     # at most a day on 64 threads of this machine's cores; 9.2 TB of states at gzip's rate a core
-    assert 24 * 60 > gzipped.runtime > 9.2e12 / job_resources.EXPORT_RATE["specforge gzip"] / 64 / 60
+    assert 24 * 60 > gzipped.runtime > 9.2e12 / storage.EXPORT_BYTES_PER_CORE_S["specforge gzip"] / 64 / 60
     assert job_resources.export_job(config, [str(tmp_path / "not-yet")], "speculators") == job_resources.JobSize(
         1, 3_000, 15
     )

@@ -52,6 +52,10 @@ CAPTURE_BYTES_PER_CORE_S = {
     ("fp8", "zstd", 3): 83e6,
 }
 
+# An export's CPU side, beside its byte model (`States.export_bytes`): bf16 bytes of states a core writes a
+# second, the shard's parts read back included (bench/states_cpu.py); what the export job is sized by.
+EXPORT_BYTES_PER_CORE_S = {"specforge": 180e6, "specforge gzip": 39e6, "speculators": 220e6}
+
 
 def capture_bytes_per_core_s(dtype: str, compress: str, level: int) -> float:
     """The capture's CPU side per core for a storage setting (the nearest measured one: fp8 as fp8 with zstd,

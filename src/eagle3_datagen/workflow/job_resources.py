@@ -20,8 +20,6 @@ from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import read_json
 from eagle3_datagen.workflow import disk
 
-# bf16 bytes of states per CPU second (reading the shard's parts included), bench/states_cpu.py.
-EXPORT_RATE = {"specforge": 180e6, "specforge gzip": 39e6, "speculators": 220e6}
 DECODE_RATE = 516e6  # a shard's parts read back (zstd_planes; plain parts are faster)
 HEAD_FLOPS = 20e9  # the probe's LM head, bf16 matmul on one core
 TOKEN_SHARD_RATE = 10e6  # compressed token-shard bytes the vocab job parses per second
@@ -83,7 +81,7 @@ def export_job(config: dict, shard_dirs: list[str], fmt: str, threads: int | Non
     thread (one writing, one queued), the largest ones twice."""
     reads = shard_reads(config, shard_dirs)
     gzipped = fmt == "specforge" and config["export"]["specforge"]["compress"] == "gzip"
-    work = reads.bf16_bytes / EXPORT_RATE[f"{fmt} gzip" if gzipped else fmt]
+    work = reads.bf16_bytes / storage.EXPORT_BYTES_PER_CORE_S[f"{fmt} gzip" if gzipped else fmt]
     threads = threads or _threads(work)
     parts = (storage.export_read_ahead(threads) + 1) * reads.largest_part * 2
     samples = threads * 2 * reads.mean_sample + 2 * reads.largest_sample
