@@ -37,9 +37,9 @@ def acceptance(work, partition):
 
 def test_a_defect_the_probe_passes_lowers_acceptance_and_fails_the_quick_fail(demo_dir, tmp_path):
     """One partition's export planted with auxiliary states from the wrong layers, the figure its good data
-    reached in the demo as the minimum: its evaluate job fails naming it and the lower value (demo_alpaca, whose
-    own-vocabulary draft reaches less than demo_sharegpt's: 1.091 against 1.146 before the defect), while a good partition's, run beside it, passes with the figure it had; no hidden state
-    or export is deleted or rewritten."""
+    reached in the demo as the minimum: its evaluate job fails naming it and the lower value, while a good
+    partition's, run beside it, passes with the figure it had (demo_alpaca's own-vocabulary draft reaches
+    less than demo_sharegpt's: 1.091 against 1.146); no hidden state or export is deleted or rewritten."""
     work = tmp_path / "wf"
     shutil.copytree(demo_dir, work, symlinks=True)
     good = {p: acceptance(work, p) for p in (DEFECTIVE, GOOD)}
