@@ -33,7 +33,8 @@ def run_family(work: Path, family: str) -> Path:
     config = family_config(family)
     name = partition(family)
     targets = [f"results/{name}/export/{fmt}" for fmt in ("specforge", "speculators")]
-    targets.append(f"results/{name}/probe/00000.json")
+    # the draft vocabulary the exports' commands name (they name it, not read it: no export waits for it)
+    targets += [f"results/{name}/probe/00000.json", "results/vocab"]
     if family in EVALUATED:
         targets.append(f"results/{name}/evaluate/acceptance.json")
     else:
