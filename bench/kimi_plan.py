@@ -35,6 +35,7 @@ import yaml
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats import storage
 from eagle3_datagen.formats.files import iter_records
+from eagle3_datagen.formats.trainer_exports import EXPORTS
 from eagle3_datagen.reporting.plan import capture_rates, format_plan
 from tests.doubles.tiktoken_slow import write_remote_code_dir
 
@@ -103,11 +104,11 @@ def at_scale(config_name: str, tokens: int, samples: int) -> dict:
     shards = sum(p["shards"] for p in config["partitions"].values())
     parts = tokens * storage.shard_bytes_per_token(hidden["dtype"], hidden["scales"], hidden["scale_block"], 3,
                                                    states.hidden_size) // hidden["shard_bytes"]  # fmt: skip
-    gzip_ratio = states.assumed_gzip_ratio() if config["export"]["specforge"]["compress"] == "gzip" else None
-    exports = {
-        fmt: states.export_bytes(fmt, tokens, samples, gzip_ratio if fmt == "specforge" else None)
-        for fmt in config["export"]["formats"]
-    }
+    exports = {}
+    for fmt in config["export"]["formats"]:
+        files = EXPORTS[fmt].files
+        gzip_ratio = states.assumed_gzip_ratio(files) if EXPORTS[fmt].gzipped(config) else None
+        exports[fmt] = states.export_bytes(files, tokens, samples, gzip_ratio)
     shard_bytes = states.shard_bytes(tokens, samples, parts, ratio, shards)
     bf16 = tokens * states.bf16_bytes_per_token
     end = sum(exports.values()) + (0 if not hidden["keep_shards"] and exports else shard_bytes)

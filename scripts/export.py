@@ -8,7 +8,8 @@ from eagle3_datagen import cli
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import reporting_full_disk
 from eagle3_datagen.formats.holdout import read_holdout
-from eagle3_datagen.stages.export import EXPORTS, export
+from eagle3_datagen.formats.trainer_exports import EXPORTS
+from eagle3_datagen.stages.export import export
 
 
 def main() -> None:

@@ -1,13 +1,16 @@
-"""Plug-ins that register themselves by name: one `Registry` per axis (target families today).
+"""Plug-ins by name: one `Registry` per axis (target families, generation and capture backends, trainer
+exports, dataset layouts).
 
-An entry is registered where it is defined, with a decorator, the way speculators registers its draft
-models and hidden-state backends (`ClassRegistryMixin`): code, configs and tests read the names from
-the registry instead of repeating them. The registry holds whatever its axis registers (a class, an
-object) and knows nothing of what an entry means; it imports nothing of the package.
+An entry is registered where it is defined, the way speculators registers its draft models and
+hidden-state backends (`ClassRegistryMixin`): code, configs and tests read the names from the registry
+instead of repeating them. The registry holds whatever its axis registers (a class, an object) and knows
+nothing of what an entry means; it imports nothing of the package. An entry that the workflow reads
+without its dependencies names its implementation as `module:name` (`import_implementation`).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -62,3 +65,13 @@ class Registry(Generic[T]):
 
     def items(self) -> list[tuple[str, T]]:
         return list(self._entries.items())
+
+
+def import_implementation(path: str):
+    """The callable at `module:name` (`name` may be dotted: a class's method) that an entry names, imported
+    when a job first uses it: an entry is read without importing its implementation's dependencies."""
+    module, name = path.split(":")
+    found = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part)
+    return found

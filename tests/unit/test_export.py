@@ -19,8 +19,9 @@ from eagle3_datagen.formats.files import write_jsonl_zst
 from eagle3_datagen.formats.hidden_codec import COMPRESS, FP8_DTYPES, GRANULARITIES, frame_header_json
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.formats.holdout import choose_holdout, read_holdout, write_holdout
+from eagle3_datagen.formats.trainer_exports import EXPORTS
 from eagle3_datagen.stages.evaluate.draft import train_config
-from eagle3_datagen.stages.export import EXPORTS, export
+from eagle3_datagen.stages.export import export
 from eagle3_datagen.stages.export.specforge import specforge_sample_path
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.probe import LMHead, probe_shard

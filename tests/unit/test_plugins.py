@@ -13,12 +13,12 @@ from eagle3_datagen.backends.plugins import (
     GENERATION,
     RESPONSE_RULE,
     SERVED_RESPONSE_RULE,
-    _implementation,
 )
 from eagle3_datagen.formats.datasets import LAYOUTS
-from eagle3_datagen.stages.export import EXPORTS
+from eagle3_datagen.formats.trainer_exports import EXPORTS
+from eagle3_datagen.registry import import_implementation
+from eagle3_datagen.workflow import config_checks, placement
 from eagle3_datagen.workflow import partitions as parts
-from eagle3_datagen.workflow import placement
 from eagle3_datagen.workflow import settings as wf
 from tests.helpers import REPO
 
@@ -59,12 +59,12 @@ def test_each_entry_names_an_implementation_that_exists():
     imports SGLang, which runs in its own venv: tests/real_sglang loads it)."""
     for entry in GENERATION.values():
         if entry.implementation is not None:
-            assert callable(_implementation(entry.implementation)), entry
+            assert callable(import_implementation(entry.implementation)), entry
         if entry.service is not None:
-            assert callable(_implementation(entry.service)), entry
-    assert callable(_implementation(CAPTURE["hf"].implementation))
-    for name in EXPORTS:
-        assert EXPORTS[name].__init__.__code__.co_varnames[1:6] == (
+            assert callable(import_implementation(entry.service)), entry
+    assert callable(import_implementation(CAPTURE["hf"].implementation))
+    for export in EXPORTS.values():
+        assert export.exporter().__init__.__code__.co_varnames[1:6] == (
             "shards",
             "model_path",
             "vocab_dir",
@@ -97,6 +97,27 @@ def test_the_workflow_reads_each_backends_needs_from_its_entry():
     assert GENERATION["hf"].uses_gpu(hf) and not GENERATION["hf"].uses_gpu(config)
     assert not GENERATION["openrouter"].uses_gpu(config) and GENERATION["sglang"].uses_gpu(config)
     assert CAPTURE["sglang"].ranks(config) == config["resources"]["gpus_per_node"] and CAPTURE["hf"].ranks(config) == 1
+
+
+def test_the_workflow_reads_each_exports_needs_from_its_entry():
+    """The export job's rate follows its entry's own compression setting, and the config check refuses a
+    `hidden_states.final` that an export's trainer cannot take, before any job, naming the entry's reason."""
+    config = demo_config()
+    config["export"]["formats"] = EXPORTS.names()
+    assert config_checks.storage_problems(config) == []
+    gzipped = copy.deepcopy(config)
+    gzipped["export"]["specforge"]["compress"] = "gzip"
+    assert EXPORTS["specforge"].rate(gzipped) < EXPORTS["specforge"].rate(config)
+    assert EXPORTS["speculators"].rate(gzipped) == EXPORTS["speculators"].rate(config)
+    normed = copy.deepcopy(config)
+    normed["hidden_states"]["final"] = "normed"
+    refused = [name for name, export in EXPORTS.items() if "normed" not in export.finals]
+    assert refused == ["speculators"]
+    assert config_checks.storage_problems(normed) == [
+        "hidden_states.final: normed cannot be exported to speculators: speculators 0.9.0 applies the verifier's "
+        "final norm to the last slot itself and would norm it twice. Set hidden_states.final: raw (the other "
+        "exports apply the final norm where their trainer needs it), or drop speculators from export.formats."
+    ]
 
 
 def test_an_unknown_name_lists_the_registered_ones():

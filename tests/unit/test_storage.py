@@ -14,6 +14,7 @@ from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats import storage
 from eagle3_datagen.formats.hidden_shard import HiddenShard, ShardReleased, release_parts
+from eagle3_datagen.formats.trainer_exports import EXPORTS
 from eagle3_datagen.reporting.plan import capture_rates
 from eagle3_datagen.stages.export import export
 from eagle3_datagen.stages.hidden import shard as shard_module
@@ -22,6 +23,7 @@ from eagle3_datagen.workflow import job_resources
 from tests.helpers import HIDDEN_SETTINGS as SETTINGS
 from tests.helpers import REPO, make_samples
 
+SPECFORGE, SPECULATORS = EXPORTS["specforge"], EXPORTS["speculators"]
 GZIP = fill_defaults({"specforge": {"compress": "gzip", "compress_level": 1}}, "export")
 STORED = {
     "bf16-planes": {"dtype": "bfloat16", "compress": "zstd_planes"},
@@ -62,7 +64,7 @@ def test_the_byte_model_counts_real_shards_and_exports(tmp_path, raw_capture, ti
             rows = summary["rows"]
             gzip_ratio = rows["bytes"] / rows["raw_bytes"]
             assert rows["compress"] == "gzip" and gzip_ratio < 1
-        predicted = states.export_bytes(fmt, tokens, count, gzip_ratio)
+        predicted = states.export_bytes(EXPORTS[fmt].files, tokens, count, gzip_ratio)
         assert predicted == pytest.approx(written, rel=0.02), name
 
 
@@ -72,13 +74,13 @@ def test_the_one_copy_of_kimi_states_is_at_most_their_bf16_bytes():
     tokens, samples = 300_000_000, 100_000
     bf16 = tokens * kimi.bf16_bytes_per_token
     assert bf16 == 17_203_200_000_000  # 17.2 TB
-    gzipped = kimi.export_bytes("specforge", tokens, samples, kimi.assumed_gzip_ratio())
+    gzipped = kimi.export_bytes(SPECFORGE.files, tokens, samples, kimi.assumed_gzip_ratio(SPECFORGE.files))
     assert gzipped / bf16 == pytest.approx(0.81, abs=0.005)
-    plain = kimi.export_bytes("specforge", tokens, samples, None)
+    plain = kimi.export_bytes(SPECFORGE.files, tokens, samples, None)
     assert 1.0 < plain / bf16 < 1.001  # int64 ids and masks, and the rows' framing
     fp8 = storage.States(3, 7168, "float8_e4m3", "token", 128, "zstd")
-    assert fp8.exported_dtype("speculators") == "float8_e4m3" and fp8.exported_dtype("specforge") == "bfloat16"
-    assert fp8.export_bytes("speculators", tokens, samples, None) / bf16 == pytest.approx(0.5, abs=0.01)
+    assert fp8.exported_dtype(SPECULATORS.files) == "float8_e4m3" and fp8.exported_dtype(SPECFORGE.files) == "bfloat16"
+    assert fp8.export_bytes(SPECULATORS.files, tokens, samples, None) / bf16 == pytest.approx(0.5, abs=0.01)
 
 
 def test_released_shards_keep_their_index_and_refuse_readers_with_the_fix(tmp_path, raw_capture):
@@ -241,7 +243,7 @@ def test_the_jobs_ask_for_what_their_bytes_need(tmp_path):
     assert 1 < plain.threads < gzipped.threads == job_resources.MAX_THREADS
     assert gzipped.mem_mb > plain.mem_mb > 10_000
     # at most a day on 64 threads of this machine's cores; 9.2 TB of states at gzip's rate a core
-    assert 24 * 60 > gzipped.runtime > 9.2e12 / storage.EXPORT_BYTES_PER_CORE_S["specforge gzip"] / 64 / 60
+    assert 24 * 60 > gzipped.runtime > 9.2e12 / SPECFORGE.gzip_bytes_per_core_s / 64 / 60
     assert job_resources.export_job(config, [str(tmp_path / "not-yet")], "speculators") == job_resources.JobSize(
         1, 3_000, 15
     )

@@ -10,11 +10,10 @@ to these registries).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from eagle3_datagen.registry import Registry
+from eagle3_datagen.registry import Registry, import_implementation
 
 # The responses rule's jobs each run their backend; those of a backend served by a node service the workflow
 # launches (`GenerationBackend.node_service`) run under the served rule, which shares the node's server.
@@ -33,16 +32,6 @@ def _always(section: dict) -> bool:
 
 def _on_cuda(section: dict) -> bool:
     return section["device"] == "cuda"
-
-
-def _implementation(path: str):
-    """The callable at `module:name` (`name` may be dotted: a class's method), imported when a job first
-    uses it."""
-    module, name = path.split(":")
-    found = importlib.import_module(module)
-    for part in name.split("."):
-        found = getattr(found, part)
-    return found
 
 
 @dataclass(frozen=True)
@@ -91,13 +80,13 @@ class GenerationBackend:
 
     def build(self, settings: dict, server_alive=None):
         """The backend for a responses job's `settings`."""
-        return _implementation(self.implementation)(settings, server_alive)
+        return import_implementation(self.implementation)(settings, server_alive)
 
     def launched_service(self, settings: dict, server_log: str | None):
         """The node's shared server for a responses job's `settings`; None where the workflow launches none."""
         if not self.node_service(settings.get(self.name) or {}):
             return None
-        return _implementation(self.service)(settings, server_log)
+        return import_implementation(self.service)(settings, server_log)
 
 
 @dataclass(frozen=True)
@@ -126,7 +115,7 @@ class CaptureBackend:
 
     def load(self, hidden: dict, model: dict):
         """The model loaded for capture (under torchrun where `tensor_parallel`: this rank's slice)."""
-        return _implementation(self.implementation)(hidden, model)
+        return import_implementation(self.implementation)(hidden, model)
 
 
 GENERATION: Registry[GenerationBackend] = Registry("generation backend")

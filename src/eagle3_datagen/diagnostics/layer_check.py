@@ -16,8 +16,6 @@ slot 0 matching layer N-3).
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ import torch
 
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
+from eagle3_datagen.formats.trainer_exports import EXPORTS
 
 # A stored slot agrees with the independent capture within storage precision (bf16: about 0.4% relative
 # error, fp8 with scales a few percent); a wrong layer or a missing norm is far outside it.
@@ -127,19 +126,9 @@ def stored_slots(hidden_dir: Path, exports: dict[str, Path], ids: list[str], exp
         for slots, sid in zip(per_sample, ids, strict=True):
             if sid not in rows:
                 continue  # held out of the exports
-            if fmt == "specforge":
-                # one file a sample in ids.jsonl's order, gzipped under export.specforge.compress: gzip
-                path = sorted(p for p in export.glob("rows_*/*") if p.name.endswith((".ckpt", ".ckpt.gz")))[rows[sid]]
-                data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-                row = torch.load(io.BytesIO(data), weights_only=True)
-                aux, final = row["aux_hidden_state"][0], row["hidden_state"][0]
-                slots += _slots("specforge export", aux, final, expected_aux, "normed")
-            else:
-                from safetensors.torch import load_file
-
-                states = load_file(export / "hidden_states" / f"hs_{rows[sid]}.safetensors")["hidden_states"]
-                aux = states[:, :-1].flatten(1)
-                slots += _slots("speculators export", aux, states[:, -1], expected_aux, "raw")
+            export_entry = EXPORTS[fmt]
+            aux, final = export_entry.read_slots(export, rows[sid])
+            slots += _slots(f"{fmt} export", aux, final, expected_aux, export_entry.final_slot)
     return per_sample
 
 

@@ -3,8 +3,9 @@
 Per token and per sample, by element type, layout and compression: `Codec` sizes a shard's parts with
 `shard_bytes_per_token`, and the plan, the preflight's disk check and the export jobs' resources
 (`reporting/plan.py`, `workflow/disk.py`, `workflow/job_resources.py`) count a run's bytes with the rest.
-Overheads are the files' own framing, measured on real files (tests/unit/test_storage.py checks the model
-against exports of every format); compressed sizes use a finished output's observed ratio where one
+Overheads are the files' own framing, measured on real files (an export's own in its entry,
+`formats/trainer_exports.py`; tests/unit/test_storage.py checks the model against exports of every format);
+compressed sizes use a finished output's observed ratio where one
 exists, else the ratios below, measured on synthetic 7168-wide states (BENCHMARKS.md, `bench/states_cpu.py`).
 """
 
@@ -27,13 +28,8 @@ SHARD_RATIOS = {("zstd", 3): 0.79, ("zstd_planes", 3): 0.72, ("zstd_planes", 1):
 FP8_ZSTD_RATIO = 0.80
 GZIP_RATIOS = {2: 0.81, 4: 0.87}
 
-# Framing measured on real files (torch 2.x's zip archive of the four tensors, safetensors' header, the
-# Arrow dataset's offsets and files; one `ids.jsonl` line and one export.json checksum entry per sample).
-CKPT_FRAMING = 2_300
-SAFETENSORS_FRAMING = 160
-SAFETENSORS_FP8_FRAMING = 250
-ARROW_PER_SAMPLE = 24  # two list offsets and seq_len, int64
-ARROW_PER_TOKEN = 16  # input_ids and loss_mask, int64
+# Framing measured on real files, which every export writes (one `ids.jsonl` line and one export.json
+# checksum entry per sample); each export's own is in its entry (formats/trainer_exports.py).
 ID_LINE = 45  # a 24-hex-digit id
 CHECKSUM_ENTRY = 70
 EXPORT_FILES = 4_000  # README, export.json's summary, the draft and train configs, the Arrow dataset's metadata
@@ -51,10 +47,6 @@ CAPTURE_BYTES_PER_CORE_S = {
     ("plain", "zstd_planes", 1): 148e6,
     ("fp8", "zstd", 3): 83e6,
 }
-
-# An export's CPU side, beside its byte model (`States.export_bytes`): bf16 bytes of states a core writes a
-# second, the shard's parts read back included (bench/states_cpu.py); what the export job is sized by.
-EXPORT_BYTES_PER_CORE_S = {"specforge": 180e6, "specforge gzip": 39e6, "speculators": 220e6}
 
 
 def capture_bytes_per_core_s(dtype: str, compress: str, level: int) -> float:
@@ -95,6 +87,19 @@ def assumed_shard_ratio(dtype: str, compress: str, level: int) -> float:
 
 
 @dataclass(frozen=True)
+class ExportBytes:
+    """A trainer export's files beside its states, per token and per sample (each export's entry in
+    `formats/trainer_exports.py` gives its own): `fp8_scales`, the scale layouts under which it keeps fp8
+    states as fp8 (else they are dequantized to bf16), with `fp8_per_sample` framing and the scales'
+    float32 bytes."""
+
+    per_token: int
+    per_sample: int
+    fp8_scales: tuple[str, ...] = ()
+    fp8_per_sample: int = 0
+
+
+@dataclass(frozen=True)
 class States:
     """What a partition's shards store: the layout the exports are sized from."""
 
@@ -124,37 +129,34 @@ class States:
         reference = min(shards * self.reference_positions, tokens) * (self.bf16_bytes_per_token + 8)
         return round((tokens * per_token + reference) * ratio) + samples * INDEX_PER_SAMPLE + parts * INDEX_PER_PART
 
-    def exported_dtype(self, fmt: str) -> str:
-        """The element type an export stores: fp8 stays fp8 only where the trainer's release reads it
-        (speculators 0.9.0, scales per token or per channel), else it is dequantized to bf16."""
+    def exported_dtype(self, files: ExportBytes) -> str:
+        """The element type an export of `files` stores: fp8 stays fp8 only where its trainer's release reads
+        the stored scales, else it is dequantized to bf16."""
         if self.dtype in FP8:
-            return self.dtype if fmt == "speculators" and self.scales in ("token", "channel") else "bfloat16"
+            return self.dtype if self.scales in files.fp8_scales else "bfloat16"
         return self.dtype
 
-    def export_raw_bytes(self, fmt: str, tokens: int, samples: int) -> int:
+    def export_raw_bytes(self, files: ExportBytes, tokens: int, samples: int) -> int:
         """An export's bytes before compression: the sample files and everything beside them."""
-        dtype = self.exported_dtype(fmt)
+        dtype = self.exported_dtype(files)
         states = tokens * (self.aux_layers + 1) * self.hidden_size * ELEMENT_BYTES[dtype]
         shared = samples * (ID_LINE + CHECKSUM_ENTRY) + EXPORT_FILES
-        if fmt == "specforge":
-            return states + tokens * 16 + samples * CKPT_FRAMING + shared
-        per_sample = ARROW_PER_SAMPLE + SAFETENSORS_FRAMING
-        per_token = 8 + ARROW_PER_TOKEN  # token_ids in the states file; ids and mask in the Arrow rows
+        per_token, per_sample = files.per_token, files.per_sample
         if dtype in FP8:
-            per_sample = ARROW_PER_SAMPLE + SAFETENSORS_FP8_FRAMING
+            per_sample = files.fp8_per_sample
             if self.scales == "token":
                 per_token += (self.aux_layers + 1) * EXPORT_SCALE_BYTES
             else:
                 per_sample += (self.aux_layers + 1) * self.hidden_size * EXPORT_SCALE_BYTES
         return states + tokens * per_token + samples * per_sample + shared
 
-    def export_bytes(self, fmt: str, tokens: int, samples: int, gzip_ratio: float | None) -> int:
-        """An export's bytes on disk; `gzip_ratio` for a SpecForge export of gzipped rows (None: plain)."""
-        raw = self.export_raw_bytes(fmt, tokens, samples)
+    def export_bytes(self, files: ExportBytes, tokens: int, samples: int, gzip_ratio: float | None) -> int:
+        """An export's bytes on disk; `gzip_ratio` where its samples are gzipped (None: plain)."""
+        raw = self.export_raw_bytes(files, tokens, samples)
         if gzip_ratio is None:
             return raw
         rows = raw - samples * (ID_LINE + CHECKSUM_ENTRY) - EXPORT_FILES
         return round(rows * gzip_ratio) + samples * (ID_LINE + CHECKSUM_ENTRY + 3) + EXPORT_FILES
 
-    def assumed_gzip_ratio(self) -> float:
-        return GZIP_RATIOS[4 if self.exported_dtype("specforge") == "float32" else 2]
+    def assumed_gzip_ratio(self, files: ExportBytes) -> float:
+        return GZIP_RATIOS[4 if self.exported_dtype(files) == "float32" else 2]

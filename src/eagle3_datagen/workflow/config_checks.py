@@ -8,6 +8,7 @@ from pathlib import Path
 from eagle3_datagen.formats import sources
 from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import SOURCE_SUFFIXES, InputError
+from eagle3_datagen.formats.trainer_exports import EXPORTS
 from eagle3_datagen.workflow.partitions import hub_commit_or_error
 
 
@@ -112,12 +113,14 @@ def storage_problems(config: dict) -> list[str]:
     fix; checked before any job, so nothing is captured that cannot be used."""
     hidden = config["hidden_states"]
     problems = []
-    if "speculators" in config["export"]["formats"] and hidden["final"] == "normed":
-        problems.append(
-            "hidden_states.final: normed cannot be exported to speculators: speculators 0.9.0 applies the "
-            "verifier's final norm to the last slot itself and would norm it twice. Set hidden_states.final: raw "
-            "(the specforge export applies the norm where SpecForge needs it), or drop speculators from export.formats."
-        )
+    for fmt in config["export"]["formats"]:
+        export = EXPORTS[fmt]
+        if hidden["final"] not in export.finals:
+            problems.append(
+                f"hidden_states.final: {hidden['final']} cannot be exported to {fmt}: {export.final_reason}. Set "
+                f"hidden_states.final: {export.finals[0]} (the other exports apply the final norm where their trainer "
+                f"needs it), or drop {fmt} from export.formats."
+            )
     dtype, scales = hidden["dtype"], hidden["scales"]
     if dtype.startswith("float8") and scales == "block":
         hidden_size = demo_or_model_hidden_size(config)

@@ -22,6 +22,7 @@ import orjson
 from eagle3_datagen.formats import storage
 from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import iter_jsonl, read_json
+from eagle3_datagen.formats.trainer_exports import EXPORTS, TrainerExport
 from eagle3_datagen.workflow.partitions import baseline_partitions, inference_backend, prompt_partition, shard_names
 from eagle3_datagen.workflow.settings import DATASET
 
@@ -161,17 +162,17 @@ def observed_shard_ratio(
     return storage.assumed_shard_ratio(dtype, compress, level), "assumed"
 
 
-def observed_gzip_ratio(results: Path, states: storage.States) -> tuple[float, str]:
-    """On-disk over raw bytes of finished gzipped SpecForge rows, else the assumed one."""
+def observed_gzip_ratio(results: Path, states: storage.States, export: TrainerExport) -> tuple[float, str]:
+    """On-disk over raw bytes of an export's finished gzipped samples, else the assumed one."""
     on_disk = raw = 0
-    for path in results.glob("*/export/specforge/export.json"):
+    for path in results.glob(f"*/export/{export.name}/export.json"):
         rows = read_json(path).get("rows") or {}
         if rows.get("compress") == "gzip":
             on_disk += rows["bytes"]
             raw += rows["raw_bytes"]
     if raw:
         return on_disk / raw, "observed on finished exports"
-    return states.assumed_gzip_ratio(), "assumed"
+    return states.assumed_gzip_ratio(export.files), "assumed"
 
 
 @dataclass
@@ -224,11 +225,11 @@ def partition_bytes(config: dict, partition: str, tokens: Tokens, results: Path)
     basis = [f"shards: {states.dtype} {hidden['compress']} x {ratio:.3f} ({ratio_basis})"]
     exports = {}
     for fmt in exported_formats(config, partition):
-        gzip_ratio = None
-        if fmt == "specforge" and config["export"]["specforge"]["compress"] == "gzip":
-            gzip_ratio, gzip_basis = observed_gzip_ratio(results, states)
-            basis.append(f"specforge: gzip x {gzip_ratio:.3f} ({gzip_basis})")
-        exports[fmt] = states.export_bytes(fmt, tokens.tokens, tokens.samples, gzip_ratio)
+        export, gzip_ratio = EXPORTS[fmt], None
+        if export.gzipped(config):
+            gzip_ratio, gzip_basis = observed_gzip_ratio(results, states, export)
+            basis.append(f"{fmt}: gzip x {gzip_ratio:.3f} ({gzip_basis})")
+        exports[fmt] = states.export_bytes(export.files, tokens.tokens, tokens.samples, gzip_ratio)
     return PartitionBytes(
         partition=partition,
         tokens=tokens,

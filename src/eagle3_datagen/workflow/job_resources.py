@@ -18,6 +18,7 @@ from pathlib import Path
 from eagle3_datagen.formats import storage
 from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import read_json
+from eagle3_datagen.formats.trainer_exports import EXPORTS
 from eagle3_datagen.workflow import disk
 
 DECODE_RATE = 516e6  # a shard's parts read back (zstd_planes; plain parts are faster)
@@ -80,8 +81,7 @@ def export_job(config: dict, shard_dirs: list[str], fmt: str, threads: int | Non
     (storage.export_read_ahead), each decoded beside its compressed bytes, and two samples' files per
     thread (one writing, one queued), the largest ones twice."""
     reads = shard_reads(config, shard_dirs)
-    gzipped = fmt == "specforge" and config["export"]["specforge"]["compress"] == "gzip"
-    work = reads.bf16_bytes / storage.EXPORT_BYTES_PER_CORE_S[f"{fmt} gzip" if gzipped else fmt]
+    work = reads.bf16_bytes / EXPORTS[fmt].rate(config)
     threads = threads or _threads(work)
     parts = (storage.export_read_ahead(threads) + 1) * reads.largest_part * 2
     samples = threads * 2 * reads.mean_sample + 2 * reads.largest_sample

@@ -36,8 +36,7 @@ from eagle3_datagen.formats.checksums import ALGORITHM
 from eagle3_datagen.formats.files import atomic_dir, write_json
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.formats.storage import export_read_ahead
-from eagle3_datagen.stages.export import specforge, speculators  # noqa: F401  (their exporters register)
-from eagle3_datagen.stages.export.exporters import EXPORTS
+from eagle3_datagen.formats.trainer_exports import EXPORTS
 from eagle3_datagen.stages.export.files import ExportFiles
 
 
@@ -112,7 +111,8 @@ def export(
         raise ValueError(f"export format must be one of {EXPORTS.names()}, not {fmt!r}")
     shards = _shards(shard_dirs)
     index = shards[0].index if shards else {"aux_layers": [], "final": "raw", "hidden_size": 0}
-    writer = EXPORTS[fmt](shards, model_path, vocab_dir, draft_vocab_size, (settings or {}).get(fmt) or {})
+    exporter = EXPORTS[fmt].exporter()
+    writer = exporter(shards, model_path, vocab_dir, draft_vocab_size, (settings or {}).get(fmt) or {})
     out_dir = Path(out_dir)
     held_out = set(held_out)
     with atomic_dir(out_dir) as tmp:

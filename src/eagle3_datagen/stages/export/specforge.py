@@ -25,7 +25,6 @@ from eagle3_datagen.chat.families.target_chat import family_for_model_type
 from eagle3_datagen.formats.checkpoint import FinalNorm, head_and_norm_names, one_named, tensor_files, text_config
 from eagle3_datagen.formats.draft_vocab import VOCAB_MAPPING
 from eagle3_datagen.formats.hidden_shard import HiddenShard
-from eagle3_datagen.stages.export.exporters import EXPORTS
 from eagle3_datagen.stages.export.files import ExportFiles
 
 SPECFORGE_ROWS_PER_DIR = 1000
@@ -64,7 +63,6 @@ def specforge_sample_path(index: int, gzipped: bool = False) -> str:
     return name + ".gz" if gzipped else name
 
 
-@EXPORTS.register("specforge")
 class SpecForgeExport:
     """SpecForge's files for one export: the sample rows, and what its `specforge train` needs beside them.
 

@@ -24,13 +24,13 @@ from safetensors.torch import save as safetensors_bytes
 
 from eagle3_datagen.formats.checksums import ALGORITHM
 from eagle3_datagen.formats.hidden_shard import HiddenShard
-from eagle3_datagen.stages.export.exporters import EXPORTS
+from eagle3_datagen.formats.trainer_exports import EXPORTS
 from eagle3_datagen.stages.export.files import ExportFiles
 
 SPECULATORS_RELEASE = "speculators==0.9.0"
 # hs_connectors' key for fp8 scales (hs_connectors/fp8_utils.py SCALES_KEY)
 SCALES_KEY = "hidden_states_scales"
-KEEPS_FP8 = ("token", "channel")  # scale layouts that broadcast over [L, A+1, H]
+KEEPS_FP8 = EXPORTS["speculators"].files.fp8_scales  # scale layouts that broadcast over [L, A+1, H]
 
 
 def _speculators(sample: dict, aux_layers: int) -> dict:
@@ -122,7 +122,6 @@ def _readme(command: str, summary: dict) -> bytes:
     ).encode()
 
 
-@EXPORTS.register("speculators")
 class SpeculatorsExport:
     """Rows and files of one speculators export (`export.export` drives it); it has no settings of its
     own (`settings`: {})."""
