@@ -104,6 +104,7 @@ test-apart: install sglang-env speculators-env specforge-env ## the SGLang and t
 
 lint: install ## ruff, snakefmt and snakemake --lint
 	ruff check src scripts tests
+	ruff format --check src scripts tests
 	snakefmt --check Snakefile rules
 	snakemake --lint
 

@@ -102,8 +102,10 @@ CASES = [
         CHAIN,
         WEATHER,
         # the tool result and the answer's generation prompt, both context
-        ['<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"{\\"temp_c\\": 21}"<|end|>'
-         "<|start|>assistant"],  # fmt: skip
+        [
+            '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"{\\"temp_c\\": 21}"<|end|>'
+            "<|start|>assistant"
+        ],
     ),
 ]
 

@@ -127,17 +127,33 @@ DATASET = "dataset"
 
 for generation in (
     GenerationBackend(
-        "hf", "inference.hf", "eagle3_datagen.backends.hf.generate:HFBackend.for_job", "cpu",
-        token_ids=True, on_node=True, in_process=True, gpu=_on_cuda,
+        "hf",
+        "inference.hf",
+        "eagle3_datagen.backends.hf.generate:HFBackend.for_job",
+        "cpu",
+        token_ids=True,
+        on_node=True,
+        in_process=True,
+        gpu=_on_cuda,
     ),
     GenerationBackend(
-        "sglang", "inference.sglang", "eagle3_datagen.backends.sglang.generate:SGLangBackend.for_job", "sglang",
-        token_ids=True, on_node=True, gpu=_always, node_service=lambda section: "launch" in section,
-        service="eagle3_datagen.backends.sglang.server:service_for_job", imports="sglang",
+        "sglang",
+        "inference.sglang",
+        "eagle3_datagen.backends.sglang.generate:SGLangBackend.for_job",
+        "sglang",
+        token_ids=True,
+        on_node=True,
+        gpu=_always,
+        node_service=lambda section: "launch" in section,
+        service="eagle3_datagen.backends.sglang.server:service_for_job",
+        imports="sglang",
     ),
     GenerationBackend(
-        "openrouter", "inference.openrouter", "eagle3_datagen.backends.openrouter:OpenRouterBackend.for_job",
-        "openrouter", priced=True,
+        "openrouter",
+        "inference.openrouter",
+        "eagle3_datagen.backends.openrouter:OpenRouterBackend.for_job",
+        "openrouter",
+        priced=True,
     ),
     GenerationBackend(DATASET, None, None, "cpu"),
 ):
@@ -148,8 +164,13 @@ for capture in (
         "hf", "hidden_states.hf", "eagle3_datagen.backends.hf.capture:HFCapture.for_job", "cpu", gpu=_on_cuda
     ),
     CaptureBackend(
-        "sglang", "hidden_states.sglang", "eagle3_datagen.backends.sglang.capture:capture_for_job", "sglang",
-        gpu=_always, tensor_parallel=True, imports="sglang",
+        "sglang",
+        "hidden_states.sglang",
+        "eagle3_datagen.backends.sglang.capture:capture_for_job",
+        "sglang",
+        gpu=_always,
+        tensor_parallel=True,
+        imports="sglang",
     ),
 ):
     CAPTURE.register(capture.name)(capture)

@@ -28,6 +28,7 @@ class Family(Protocol):
 
     def template_messages(self, messages: Sequence[dict]) -> list[dict]: ...
 
+
 PROBE_USER = "Say hi."
 PROBE_ASSISTANT = "Probe reply."
 

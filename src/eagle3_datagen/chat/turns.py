@@ -71,9 +71,7 @@ class TemplateTurns:
         cut_off = turn.get("finish_reason", "stop") == "length"
         return end if cut_off else at
 
-    def emitted(
-        self, sample_id: str, messages: list[dict], tools: list[dict] | None, history: str, prompt: str
-    ) -> str:
+    def emitted(self, sample_id: str, messages: list[dict], tools: list[dict] | None, history: str, prompt: str) -> str:
         """The last of `messages`, an assistant turn, as the model emitted it after `prompt` (its
         generation prompt; `history`: the messages before it rendered alone), to its end-of-turn token.
 

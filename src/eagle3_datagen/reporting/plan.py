@@ -74,8 +74,6 @@ def scheduled_jobs(dry_run_output: str) -> list[ScheduledJob]:
     return jobs
 
 
-
-
 def scheduled_partitions(jobs: list[ScheduledJob], rules=(*RESPONSE_RULES, "hidden_states", "export")) -> set[str]:
     """Partitions with a job of `rules` among `jobs`."""
     return {job.partition for job in jobs if job.rule in rules and job.partition}
@@ -249,9 +247,7 @@ def plan_partition(
         completion_tokens=completion,
         completion_basis=basis,
         cost_usd=cost,
-        generation_gpu_hours=(
-            completion / generate_rate / 3600 if generate_rate and generation.on_node else None
-        ),
+        generation_gpu_hours=(completion / generate_rate / 3600 if generate_rate and generation.on_node else None),
         hidden_gpu_hours=tokens.tokens / capture_rate / 3600 if capture_rate else None,
         hidden_bytes=counted.shards,
         hidden_basis=f"{states.dtype}, {per_token} B/token; {'; '.join(counted.basis)}",

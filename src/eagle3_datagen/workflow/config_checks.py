@@ -140,4 +140,3 @@ def demo_or_model_hidden_size(config: dict) -> int | None:
         return config["demo"]["hidden_size"]
     model_dir = Path(config["model"]["path"])
     return int(text_config(model_dir)["hidden_size"]) if (model_dir / "config.json").exists() else None
-

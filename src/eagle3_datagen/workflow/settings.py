@@ -203,5 +203,3 @@ SPECFORGE_PYTHON_ENV = "EAGLE3_DATAGEN_SPECFORGE_PYTHON"
 def evaluate_settings(config: dict) -> dict:
     """What shapes an evaluation (every `evaluate` key but the interpreter); {} without the stage."""
     return split(config.get("evaluate"), "evaluate")[0]
-
-

@@ -364,6 +364,10 @@ def load_sglang_capture(
 def capture_for_job(hidden: dict, model: dict) -> SGLangCapture:
     """The capture the `hidden_states` and `model` settings configure (plugins.CaptureBackend)."""
     return load_sglang_capture(
-        model["path"], hidden["aux_layers"], hidden["final"], hidden["sglang"], model["trust_remote_code"],
+        model["path"],
+        hidden["aux_layers"],
+        hidden["final"],
+        hidden["sglang"],
+        model["trust_remote_code"],
         hidden["max_batch_tokens"],
     )

@@ -154,4 +154,3 @@ class TurnLocator:
                 raise self._unstable(sample_id, messages, index, len(os.path.commonprefix([history, prompt])))
             start = found + len(header)
         return start, self.template.end_of_turn(sample_id, prompt, start, messages[index])
-
