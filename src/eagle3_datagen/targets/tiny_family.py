@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -25,10 +24,9 @@ from eagle3_datagen.chat.families.target_chat import TargetChat, load_chat
 from eagle3_datagen.chat.template import encode, render_generation_prompt
 from eagle3_datagen.chat.turns import ReasoningDroppedError, TemplateTurns
 from eagle3_datagen.formats.checkpoint import write_safetensors_index
-from eagle3_datagen.formats.datasets import normalize, recorded_conversations
 from eagle3_datagen.formats.files import atomic_dir
 from eagle3_datagen.targets.demo import fit_to_conversations
-from eagle3_datagen.targets.tiny_kimi import FIT_BATCH_TOKENS, regeneration_turns, tiny_kimi_config
+from eagle3_datagen.targets.tiny_kimi import FIT_BATCH_TOKENS, fitting_turns, tiny_kimi_config
 
 # The real config's model_type each architecture shrinks (Qwen3-MoE is built from a dense Qwen3's).
 REAL_MODEL_TYPE = {"qwen3": "qwen3", "qwen3_moe": "qwen3", "gpt_oss": "gpt_oss", "llama": "llama"}
@@ -114,28 +112,20 @@ def target_chat(settings: dict) -> TargetChat:
 def fitting_samples(
     partitions: list[dict], chat: TargetChat, reasoning: str
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """Token IDs and loss masks: each turn's generation prompt, then the turn as the model emits it (trained),
-    as the template implies it (`TemplateTurns.emitted`).
-
-    `partitions`: `{"source", "format", "system_prompt"}` per partition, read as the prompts stage reads them.
-    """
+    """`fitting_turns` with each turn as the template implies the model emits it (`TemplateTurns.emitted`)."""
     turns = TemplateTurns(chat.tokenizer, chat.specials, chat.template_kwargs, chat.family)
-    sequences, masks = [], []
-    for part in partitions:
-        originals = dict(recorded_conversations(part["source"], part["format"]))
-        for prompt in normalize(part["source"], part["format"], part.get("system_prompt"), Counter()):
-            tools = prompt.get("tools")
-            for history, turn in regeneration_turns(prompt, originals[prompt["source"]["line"]], reasoning):
-                prompt_ids = render_generation_prompt(chat.tokenizer, history, tools, chat.template_kwargs, chat.family)
-                rendered = turns.render(history, False, tools), turns.render(history, True, tools)
-                try:
-                    emitted = turns.emitted(prompt["id"], [*history, turn], tools, *rendered)
-                except ReasoningDroppedError:  # no place for reasoning here (DeepSeek-V3.1 after tool output)
-                    emitted = turns.emitted(prompt["id"], [*history, {**turn, "reasoning": ""}], tools, *rendered)
-                turn_ids = encode(chat.tokenizer, emitted)
-                sequences.append(prompt_ids + turn_ids)
-                masks.append([0] * len(prompt_ids) + [1] * len(turn_ids))
-    return sequences, masks
+
+    def emitted_turn(prompt: dict, history: list[dict], turn: dict) -> tuple[list[int], list[int]]:
+        tools = prompt.get("tools")
+        prompt_ids = render_generation_prompt(chat.tokenizer, history, tools, chat.template_kwargs, chat.family)
+        rendered = turns.render(history, False, tools), turns.render(history, True, tools)
+        try:
+            emitted = turns.emitted(prompt["id"], [*history, turn], tools, *rendered)
+        except ReasoningDroppedError:  # no place for reasoning here (DeepSeek-V3.1 after tool output)
+            emitted = turns.emitted(prompt["id"], [*history, {**turn, "reasoning": ""}], tools, *rendered)
+        return prompt_ids, encode(chat.tokenizer, emitted)
+
+    return fitting_turns(partitions, reasoning, emitted_turn)
 
 
 def write_model_dir(

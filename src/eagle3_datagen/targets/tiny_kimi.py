@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -144,25 +145,38 @@ def regeneration_turns(prompt: dict, original: list[dict], reasoning: str) -> li
     return turns
 
 
-def fitting_samples(
-    partitions: list[dict], tokenizer: PreTrainedTokenizerBase, reasoning: str, template_kwargs: dict
+def fitting_turns(
+    partitions: list[dict], reasoning: str, encode_turn: Callable[[dict, list[dict], dict], tuple[list[int], list[int]]]
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """Token IDs and loss masks: each turn's generation prompt, then the turn as the model emits it (trained).
+    """Token IDs and loss masks over each turn the responses stage generates for `partitions`' prompts
+    (`regeneration_turns`): `encode_turn(prompt, history, turn)`'s generation prompt, then the turn as the
+    model emits it (trained).
 
     `partitions`: `{"source", "format", "system_prompt"}` per partition, read as the prompts stage reads them.
     """
-    specials = resolve_special_tokens(tokenizer, None, template_kwargs)
-    markers = derive_markers(tokenizer, template_kwargs)
     sequences, masks = [], []
     for part in partitions:
         originals = dict(recorded_conversations(part["source"], part["format"]))
         for prompt in normalize(part["source"], part["format"], part.get("system_prompt"), Counter()):
             for history, turn in regeneration_turns(prompt, originals[prompt["source"]["line"]], reasoning):
-                prompt_ids = render_generation_prompt(tokenizer, history, prompt.get("tools"), template_kwargs)
-                turn_ids = encode(tokenizer, kimi_turn_text(turn, specials, markers))
+                prompt_ids, turn_ids = encode_turn(prompt, history, turn)
                 sequences.append(prompt_ids + turn_ids)
                 masks.append([0] * len(prompt_ids) + [1] * len(turn_ids))
     return sequences, masks
+
+
+def fitting_samples(
+    partitions: list[dict], tokenizer: PreTrainedTokenizerBase, reasoning: str, template_kwargs: dict
+) -> tuple[list[list[int]], list[list[int]]]:
+    """`fitting_turns` with each turn in Kimi's markup (`kimi_turn_text`)."""
+    specials = resolve_special_tokens(tokenizer, None, template_kwargs)
+    markers = derive_markers(tokenizer, template_kwargs)
+
+    def kimi_turn(prompt: dict, history: list[dict], turn: dict) -> tuple[list[int], list[int]]:
+        prompt_ids = render_generation_prompt(tokenizer, history, prompt.get("tools"), template_kwargs)
+        return prompt_ids, encode(tokenizer, kimi_turn_text(turn, specials, markers))
+
+    return fitting_turns(partitions, reasoning, kimi_turn)
 
 
 def write_kimi_model_dir(
@@ -189,9 +203,7 @@ def build_tiny_kimi(partitions: list[dict], out_dir: str | Path, settings: dict)
     tokenizer = fast_tokenizer_from_tiktoken(tokenizer_dir)
     config = tiny_kimi_config(settings, tokenizer)
     model = tiny_kimi_model(config, settings["seed"])
-    sequences, masks = fitting_samples(
-        partitions, tokenizer, settings["reasoning"], settings["chat_template_kwargs"]
-    )
+    sequences, masks = fitting_samples(partitions, tokenizer, settings["reasoning"], settings["chat_template_kwargs"])
     losses = fit_to_conversations(
         model,
         sequences,
