@@ -44,17 +44,23 @@ def row_spend(row: dict) -> tuple[float, int]:
     return cost, tokens
 
 
-def _read(path: Path) -> tuple[dict, dict[str, dict], int]:
-    """(header, the rows by id (the last line of each id; failed ones left out), bytes of complete lines)."""
-    data = path.read_bytes()
+def _parse(path: str | Path) -> tuple[dict, dict[str, dict], int]:
+    """(header, every row by id (a later line for an id replaces an earlier one), bytes of complete lines):
+    a torn or half-written last line left out."""
+    data = Path(path).read_bytes()
     complete = data[: data.rfind(b"\n") + 1]
     lines = complete.splitlines()
-    header = orjson.loads(lines[0]) if lines else {}
     rows = {}
     for line in lines[1:]:
         row = orjson.loads(line)
         rows[row["id"]] = row
-    return header, {k: r for k, r in rows.items() if r["status"] != "failed"}, len(complete)
+    return (orjson.loads(lines[0]) if lines else {}), rows, len(complete)
+
+
+def _read(path: Path) -> tuple[dict, dict[str, dict], int]:
+    """`_parse` with the failed rows left out: the rows a rerun keeps."""
+    header, rows, complete = _parse(path)
+    return header, {k: r for k, r in rows.items() if r["status"] != "failed"}, complete
 
 
 def journal_spend(path: Path, backend: str, model: str) -> dict | None:
@@ -139,12 +145,5 @@ def read_journal(path: str | Path) -> tuple[dict, dict[str, dict]]:
     """A journal as another process reads it while its job appends: its header (`started`: when the
     journal was begun, seconds since the epoch) and its finished rows by id (a later line for an id
     replaces an earlier one), the line being written left out. Nothing is changed."""
-    data = Path(path).read_bytes()
-    lines = data[: data.rfind(b"\n") + 1].splitlines()
-    if not lines:
-        return {}, {}
-    rows = {}
-    for line in lines[1:]:
-        row = orjson.loads(line)
-        rows[row["id"]] = row
-    return orjson.loads(lines[0]), rows
+    header, rows, _ = _parse(path)
+    return header, rows

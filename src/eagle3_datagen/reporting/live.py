@@ -19,7 +19,7 @@ from pathlib import Path
 
 from eagle3_datagen.chat.gates import Gates
 from eagle3_datagen.formats.files import read_json, read_jsonl
-from eagle3_datagen.formats.journal import journal_path, read_journal
+from eagle3_datagen.formats.journal import journal_path, read_journal, row_spend
 
 COUNTS = ("prompts", "answered", "failed", "truncated", "gated", "tokens")
 
@@ -55,17 +55,6 @@ class Progress:
             "rows_per_s": self.rows_per_s,
             "gated_live": self.gated_live,
         }
-
-
-def _usage(rows) -> tuple[int, float]:
-    tokens, cost = 0, 0.0
-    for row in rows:
-        for message in row["messages"]:
-            if message["role"] == "assistant":
-                usage = message.get("usage") or {}
-                tokens += usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
-                cost += usage.get("cost", 0.0) or 0.0
-    return tokens, cost
 
 
 def _gated(progress: Progress, audit: Path, rows: list[dict] | None, gates: Gates | None) -> None:
@@ -107,7 +96,8 @@ def shard_progress(results: Path, partition: str, shard: str, gates: Gates | Non
         status = Counter(r["status"] for r in rows)
         progress.failed, progress.truncated = status["failed"], status["truncated"]
         progress.answered = len(rows) - status["failed"]
-        progress.tokens, progress.cost = _usage(rows)
+        spends = [row_spend(row) for row in rows]
+        progress.cost, progress.tokens = sum(c for c, _ in spends), sum(t for _, t in spends)
         if header.get("started") and rows:
             progress.rows_per_s = len(rows) / max(now - header["started"], 1e-3)
         _gated(progress, audit, rows, gates)
