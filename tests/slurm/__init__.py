@@ -55,7 +55,9 @@ def sacct_jobs(*job_ids: str, steps: bool = False) -> list[dict]:
     account, qos."""
     keys = ["id", "comment", "name", "partition", "tres", "node", "state", "account", "qos"]
     fields = "JobID,Comment,JobName,Partition,AllocTRES,NodeList,State,Account,QOS"
-    which = ["-j", ",".join(job_ids)] if job_ids else []
+    # sacct's window starts at today's midnight unless jobs are named: a run across midnight would lose its
+    # first jobs (with -j it starts at the epoch)
+    which = ["-j", ",".join(job_ids)] if job_ids else ["-S", "2000-01-01"]
     out = subprocess.run(
         ["sacct", "-a", *([] if steps else ["-X"]), "-n", "-P", "-o", fields, *which],
         check=True, capture_output=True, text=True,
