@@ -4,10 +4,13 @@ per partition what its responses have done so far, read from their journals and 
 goes: prompts answered, failed, truncated and gated, tokens, dollars and rows per minute.
 
 Run from the workflow directory with the run's --configfile and --profile. With --watch SECONDS, the
-responses' progress alone, again every SECONDS (rows per minute over each interval), until Ctrl-C.
+responses' progress alone, again every SECONDS (rows per minute over each interval), until Ctrl-C,
+which ends it at once, whatever it is doing (loading the tokenizer, reading journals).
 """
 
 import json
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -39,6 +42,10 @@ def main() -> None:
         "model's tokenizer, to the rows it has not seen yet)",
     )
     args = p.parse_args()
+    if args.watch:
+        # The default action, not Python's KeyboardInterrupt: that waits for the tokenizer's native code to
+        # return, which on a busy machine took more than 30 s. It writes nothing, so nothing is left half done.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     config = fill_defaults(yaml.safe_load(Path(args.configfile or "config.yaml").read_text()))
     partitions = sorted(config["partitions"])
     shards = {name: shard_names(config, name) for name in partitions}
@@ -66,18 +73,17 @@ def main() -> None:
 
 def watch(shards: dict[str, list[str]], gates, seconds: float, note: str | None) -> None:
     before, at = run_progress(".", shards, gates), time.monotonic()
-    print(format_progress(before))
-    try:
-        while True:
-            time.sleep(seconds)
-            after, now = run_progress(".", shards, gates), time.monotonic()
-            print(f"\n{time.strftime('%H:%M:%S')}, rows per minute over the last {now - at:.0f} s")
-            print(format_progress(rates(before, after, now - at)))
-            if note:
-                print(note)
-            before, at = after, now
-    except KeyboardInterrupt:
-        pass
+    # Flushed at once: Ctrl-C ends the process without flushing a pipe's buffer (`status.py --watch | tee`).
+    print(format_progress(before), flush=True)
+    while True:
+        time.sleep(seconds)
+        after, now = run_progress(".", shards, gates), time.monotonic()
+        print(f"\n{time.strftime('%H:%M:%S')}, rows per minute over the last {now - at:.0f} s")
+        print(format_progress(rates(before, after, now - at)))
+        if note:
+            print(note)
+        sys.stdout.flush()
+        before, at = after, now
 
 
 if __name__ == "__main__":
