@@ -297,7 +297,7 @@ def test_the_matrix_is_every_setting_the_schema_accepts():
     expected = len(plain) * len(hidden["compress"]["enum"]) + len(fp8) * len(hidden["scales"]["enum"]) * len(
         hidden["compress"]["enum"]
     )
-    assert len(MATRIX) == expected == 27
+    assert len(MATRIX) == expected and len(FP8) > 0 and len(PLAIN) > 0
 
 
 @pytest.fixture(scope="module")

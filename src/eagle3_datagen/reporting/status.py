@@ -19,7 +19,6 @@ import re
 from base64 import urlsafe_b64decode
 from pathlib import Path
 
-STATES = ("running", "failed", "stale", "pending", "complete")
 PARTITION_OF = re.compile(r"^results/(?:report/)?([^/]+?)(?:/|\.json$)")
 
 
