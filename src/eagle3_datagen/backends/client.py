@@ -42,7 +42,7 @@ class JsonClient:
         self.connections = connections
         self.timeout_s = timeout_s
         self.retry = retry
-        self.idle_timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout_s)
+        self.idle_timeout = aiohttp.ClientTimeout(total=None, sock_connect=idle_timeout_s, sock_read=idle_timeout_s)
         self._headers = headers or {}
         self.session: aiohttp.ClientSession | None = None
 
