@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from eagle3_datagen.backends.base import RequestFailed, RetryableError, StopRun
+from eagle3_datagen.backends.base import Lost, RequestFailed, RetryableError, StopRun
 from eagle3_datagen.backends.http import classify, parse_retry_after, read_error
+from eagle3_datagen.backends.stream import ChatStream
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.journal import journal_path, read_journal, row_spend
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, TooManyFailed, run_journaled_responses
@@ -30,6 +31,21 @@ def test_each_error_body_gets_its_class_and_reason(name):
     # The message names the provider's own words, not OpenRouter's "Provider returned error".
     assert (said.raw or said.message)[:40] in str(error)
     assert "Provider returned error" not in str(error)
+
+
+@pytest.mark.parametrize("name", ["error_in_200", "stream_error_midway", "stream_error_upstream_atlascloud"])
+def test_an_error_after_the_status_is_classified_as_in_a_body_and_what_arrived_is_counted(name):
+    """OpenRouter's mid-stream error chunk (and an error inside a 200's choice) after some text: retried, and
+    the cut answer's tokens estimated from the prompt's and the arrived text's characters."""
+    entry = PROVIDER_ERRORS[name]
+    stream = ChatStream(prompt_chars=400, prices={"prompt": 1.0, "completion": 3.0})
+    with pytest.raises(RetryableError) as raised:
+        for chunk in entry.get("stream") or [entry["body"]]:
+            stream.add(chunk)
+    assert type(raised.value) is CLASSES[entry["expect"]["class"]]
+    arrived = "".join(c["choices"][0]["delta"].get("content") or "" for c in entry.get("stream", [])[:-1])
+    completion = -(-len(arrived) // 4)
+    assert stream.lost() == Lost(100 + completion, pytest.approx((100 * 1.0 + completion * 3.0) / 1e6))
 
 
 def test_every_fixture_names_its_source_and_the_set_covers_each_kind():

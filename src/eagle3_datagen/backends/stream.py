@@ -23,6 +23,14 @@ CHARS_PER_TOKEN = 4  # for a cut stream's estimate only: the provider's usage co
 STRING_PARTS = ("text", "summary", "data", "signature")  # a reasoning detail's fields a stream sends in pieces
 
 
+def _error(error: object) -> Exception:
+    """A stream's error as the same error in a body would be classified, by the HTTP status its `code`
+    names (a code that is none, e.g. `server_error`: a provider's failure, 502)."""
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if isinstance(code, int) and 400 <= code < 600 else 502
+    return classify(status, {"error": error}, None)
+
+
 class ChatStream:
     """One streamed answer being assembled: `add` each event's chunk, then `body()`."""
 
@@ -48,11 +56,10 @@ class ChatStream:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         if chunk.get("error"):
-            error = chunk["error"]
-            code = error.get("code") if isinstance(error, dict) else None
-            status = code if isinstance(code, int) and 400 <= code < 600 else 502
-            raise classify(status, {"error": error}, None)
+            raise _error(chunk["error"])
         for choice in chunk.get("choices") or ():
+            if choice.get("error") or choice.get("finish_reason") == "error":  # the error inside the choice
+                raise _error(choice.get("error") or {"message": "the generation ended in an error"})
             self._add_delta(choice.get("delta") or choice.get("message") or {})  # a server that did not stream
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
