@@ -1,23 +1,26 @@
 """A loopback stand-in for SGLang's and OpenRouter's HTTP APIs, with fault injection.
 
-Tests and benchmarks run the real backends against it: `/health`, `/model_info` and
-`/generate` answer as SGLang does (exact `output_ids` from the model's tokenizer, the matched
-end-of-turn token included), `/chat/completions` as OpenRouter does (text, reasoning, usage
-with cost, provider). Faults follow a plan: for the requests whose content hashes into
-1/`every` of them (or into the first `rate` of them: an outage of that share), attempt k gets
-`sequence[k-1]` (an HTTP status, `"200-error"` or `"200-empty"`), later attempts succeed. `credits`
-makes every completion after that many answer 402; `require` answers 400 ("invalid temperature: ...")
-to a chat request whose parameter differs from the value it names (a provider that takes only
-temperature 1); a user turn holding `[refuse]` gets a refusal as a content filter gives it. The
-server counts requests in flight (`max_in_flight`, in /stats) and the answers
-given per request content (`completed`). A tool script makes the stand-in model call tools: after a
-user turn that contains a script entry's `trigger`, `/generate` emits that call in the template's own
-tool-call markers and `/chat/completions` returns it in `message.tool_calls`; once a call follows the
-trigger it answers in text. `/generate` closes a think block its prompt opens. Runnable as a server
-(`python -m tests.doubles.loopback --help`), also in the place of `sglang.launch_server`; started with
+Tests and benchmarks run the real backends against it: `/health`, `/model_info` and `/generate` answer as
+SGLang does (exact `output_ids` from the model's tokenizer, the matched end-of-turn token included),
+`/chat/completions` as OpenRouter does (text, reasoning, usage with cost, provider). Faults follow a plan: for
+the requests whose content hashes into 1/`every` of them (or into the first `rate` of them: an outage of that
+share), attempt k gets `sequence[k-1]` (an HTTP status, `"200-error"` or `"200-empty"`), later attempts
+succeed. `credits` makes every completion after that many answer 402; `require` answers 400 ("invalid
+temperature: ...") to a chat request whose parameter differs from the value it names (a provider that takes
+only temperature 1); a user turn holding `[refuse]` gets a refusal as a content filter gives it. `answers`
+answers a user turn holding one of its keys with a real provider error (`PROVIDER_ERRORS`, from
+tests/fixtures/provider_errors.yaml: its status, Retry-After and body, or its stream) on every attempt,
+`answers_once` on the first attempt only (`"cut"`: a stream that stops mid-answer). A request with `stream:
+true` is answered as OpenRouter streams (SSE: a keep-alive comment, the deltas `chunk_delay_s` apart, the
+finish, a last chunk with the usage, `[DONE]`). The server counts requests in flight (`max_in_flight`, in
+/stats) and the answers given per request content (`completed`). A tool script makes the stand-in model call
+tools: after a user turn that contains a script entry's `trigger`, `/generate` emits that call in the
+template's own tool-call markers and `/chat/completions` returns it in `message.tool_calls`; once a call
+follows the trigger it answers in text. `/generate` closes a think block its prompt opens. Runnable as a
+server (`python -m tests.doubles.loopback --help`), also in the place of `sglang.launch_server`; started with
 `--speculative-algorithm EAGLE3` (and `--speculative-num-steps N`), `/generate` also reports the figures
-SGLang's EAGLE3 does (`spec_verify_ct`: a verify step per N + 1 tokens; `spec_accept_length`), so that
-a client of EAGLE3 serving runs where SGLang's EAGLE3 cannot (no GPU).
+SGLang's EAGLE3 does (`spec_verify_ct`: a verify step per N + 1 tokens; `spec_accept_length`), so that a
+client of EAGLE3 serving runs where SGLang's EAGLE3 cannot (no GPU).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from aiohttp import web
 
 from eagle3_datagen.chat.template import load_tokenizer
@@ -42,6 +46,9 @@ from eagle3_datagen.chat.tool_calls import derive_markers
 # A user turn holding this is refused as a provider's content filter refuses (`message.refusal`,
 # `finish_reason: content_filter`).
 REFUSED = "[refuse]"
+# Real error bodies of OpenRouter and the providers behind it, by name, each with its source.
+PROVIDER_ERRORS = yaml.safe_load((Path(__file__).parents[1] / "fixtures/provider_errors.yaml").read_text())
+CUT = "cut"  # an `answers_once` value: the stream stops after its first deltas, no error, no finish
 
 
 @dataclass
@@ -54,6 +61,9 @@ class FaultPlan:
     reject: list = field(default_factory=list)  # substrings of user content answered 400
     rate: float = 0.0  # the share of requests (by content) that get `sequence`'s faults
     require: dict = field(default_factory=dict)  # chat parameter -> the only value taken (else 400)
+    answers: dict = field(default_factory=dict)  # user content substring -> a PROVIDER_ERRORS name, every attempt
+    answers_once: dict = field(default_factory=dict)  # the same, first attempt only (or CUT)
+    chunk_delay_s: float = 0.0  # between two streamed chunks
 
 
 @dataclass(frozen=True)
@@ -203,6 +213,9 @@ class Loopback:
                 self.status_counts["400"] += 1
                 message = f"invalid {name}: only {value} is allowed for this model"
                 return web.json_response({"error": {"code": 400, "message": message}}, status=400)
+        fixture = self._provider_answer(key, last_user)
+        if fixture is not None:
+            return await self._answer_with(request, body, fixture)
         error = await self._admit(key)
         if error is not None:
             return error
@@ -233,14 +246,78 @@ class Loopback:
                 content=None, tool_calls=[{"id": call_id, "type": "function", "function": function}]
             )
             finish = "tool_calls"
-        return web.json_response(
-            {
-                "provider": "Loopback",
-                "model": body["model"],
-                "choices": [{**choice, "finish_reason": finish}],
-                "usage": usage,
-            }
+        choice["finish_reason"] = finish
+        if body.get("stream"):
+            return await self._stream(request, body["model"], _deltas(choice["message"]), finish, usage)
+        return web.json_response({"provider": "Loopback", "model": body["model"], "choices": [choice], "usage": usage})
+
+    def _provider_answer(self, key: str, last_user: str) -> str | None:
+        """The PROVIDER_ERRORS name (or CUT) this request is answered with, per `answers` and `answers_once`."""
+        for plan, every in ((self.faults.answers, True), (self.faults.answers_once, False)):
+            for trigger, name in plan.items():
+                if trigger in last_user and (every or self.attempts[key] == 0):
+                    self.attempts[key] += 1
+                    self.status_counts[name] += 1
+                    return name
+        return None
+
+    async def _answer_with(self, request: web.Request, body: dict, name: str) -> web.StreamResponse:
+        if name == CUT:
+            message = {"role": "assistant", "content": "An answer that stops in the mid"}
+            return await self._stream(request, body["model"], _deltas(message), None, None)
+        entry = PROVIDER_ERRORS[name]
+        if "stream" in entry:
+            if body.get("stream"):
+                return await self._sse(request, entry["stream"])
+            last = entry["stream"][-1]  # not streamed: the error in the 200's choice
+            choice = {"message": {"role": "assistant", "content": ""}, "finish_reason": "error", "error": last["error"]}
+            return web.json_response({"choices": [choice]})
+        headers = {"Retry-After": entry["retry_after"]} if "retry_after" in entry else {}
+        return web.json_response(entry["body"], status=entry["status"], headers=headers)
+
+    async def _stream(self, request, model: str, deltas: list[dict], finish: str | None, usage: dict | None):
+        """An answer as OpenRouter streams it: `deltas`, then the finish (None: none, a cut stream), then
+        the usage."""
+        head = {"id": "gen-loopback", "object": "chat.completion.chunk", "provider": "Loopback", "model": model}
+        chunks = [{**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+        if finish is not None:
+            chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+            chunks.append({**head, "choices": [], "usage": usage})
+        return await self._sse(request, chunks, done=finish is not None)
+
+    async def _sse(self, request: web.Request, chunks: list[dict], done: bool = False) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b": OPENROUTER PROCESSING\n\n")
+        for chunk in chunks:
+            if self.faults.chunk_delay_s:
+                await asyncio.sleep(self.faults.chunk_delay_s)
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        if done:
+            await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def _deltas(message: dict) -> list[dict]:
+    """A message as the deltas a stream sends: role, reasoning, the content in word pieces, a refusal, each
+    tool call with its arguments in two pieces."""
+    deltas = [{"role": "assistant", "content": ""}]
+    if message.get("reasoning"):
+        deltas.append({"reasoning": message["reasoning"]})
+    words = (message.get("content") or "").split(" ")
+    deltas += [{"content": word if i == 0 else f" {word}"} for i, word in enumerate(words) if word]
+    if message.get("refusal"):
+        deltas.append({"refusal": message["refusal"]})
+    for index, call in enumerate(message.get("tool_calls") or ()):
+        arguments = call["function"]["arguments"]
+        half = len(arguments) // 2
+        first = {"index": index, "id": call["id"], "type": "function"}
+        deltas.append(
+            {"tool_calls": [{**first, "function": {"name": call["function"]["name"], "arguments": arguments[:half]}}]}
         )
+        deltas.append({"tool_calls": [{"index": index, "function": {"arguments": arguments[half:]}}]})
+    return deltas
 
 
 @contextlib.contextmanager

@@ -100,7 +100,7 @@ def test_a_refused_setting_stops_every_job_until_the_canary_clears_it(tmp_path, 
         sent = sum(server.attempts.values())
         assert 1 <= sent <= 4
         prompts = prompts_file(tmp_path, 6, name="b.jsonl.zst")
-        with pytest.raises(IncompleteRun, match="the run was stopped: HTTP 400: 400 invalid temperature"):
+        with pytest.raises(IncompleteRun, match="the run was stopped: HTTP 400: invalid temperature"):
             run_shard(tmp_path, prompts, url, 1)
         assert sum(server.attempts.values()) == sent
         server.faults = FaultPlan()

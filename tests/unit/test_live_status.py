@@ -99,6 +99,8 @@ def test_progress_counts_a_real_journal_a_finished_shard_and_a_pending_one(run_d
         "chat", "1/1/1", f"{progress.answered}/90", str(progress.failed), str(progress.truncated), str(progress.gated),
     ]  # fmt: skip
     assert f"gated: truncated {progress.truncated} (2 shards gated here" in table
+    assert progress.failure_counts == {"bad_request": progress.failed}  # the loopback's 400 names no setting
+    assert f"    failed: bad_request {progress.failed}\n" in table
 
     # Once the tokens stage has run on the finished shard, its audit's count replaces the live one.
     tokens = run_dir / "results/chat/tokens"

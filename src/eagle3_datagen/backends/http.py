@@ -1,19 +1,28 @@
 """What the HTTP backends share: error classes, Retry-After, and the retry policy (tenacity).
 
-An attempt either returns a parsed body or raises one of:
-- `RetryableError`: 408, 429, 5xx, a 200 whose body carries an `error` object or no choice,
-  a connection error or a timeout. Retried with capped exponential backoff and jitter, or
-  after the server's `Retry-After` when it sends one.
-- `RequestFailed`: this request is wrong and the next may not be (a 400 about the prompt, such as
-  its length; a 403 that flags this input): recorded as this prompt's failure, not retried.
-- `StopRun`: no request can succeed (401, a 402 without Retry-After, a 403 that flags no input, a
-  404, a 400 that names a parameter the run sends with every request): no new requests start, in
-  this job or any other of the run; finished work stays in the journal.
+An attempt either returns a parsed body or raises one of, read from the bodies OpenRouter and the
+providers behind it send (tests/fixtures/provider_errors.yaml holds them, with where each was read):
+- `RequestFailed`: the provider refuses this prompt and would refuse it again, with a short stable
+  `kind`: `context_overflow` (any provider's wording: OpenRouter's, Moonshot's "exceeded model token
+  limit", OpenAI's, Anthropic's, vLLM's and SGLang's, whatever the status it comes in), `moderation` (a
+  403 flagging the input), `guardrail` (a 403 naming the patterns it blocked), `too_large` (413),
+  `provider_refused` (a 400 OpenRouter wraps as "Provider returned error", the provider's body in
+  `metadata.raw`) or `bad_request` (another 400 about the request). Recorded as that prompt's failure,
+  never retried.
+- `RetryableError`: 408, 429, 5xx, a 200 whose body or stream carries an error or no choice, a cut
+  stream, a connection error or a timeout. Retried with capped exponential backoff and jitter, or after
+  the server's `Retry-After` when it sends one.
+- `StopRun`: what every request sends is refused (401: the key; 402 without Retry-After: the credits;
+  a 403 that flags no input: the key's permissions or routing; 404: the model or its routing; a 400 not
+  wrapped per provider that names a setting, or a wrapped one whose `param` is one): no new requests
+  start, in this job or any other of the run; finished work stays in the journal. The message is the
+  provider's own.
 """
 
 from __future__ import annotations
 
 import email.utils
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -34,48 +43,120 @@ def parse_retry_after(value: str | None) -> float | None:
         return max(0.0, parsed.timestamp() - time.time()) if parsed else None
 
 
-def error_message(body: object) -> str:
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        error = body["error"]
-        return f"{error.get('code', '')} {error.get('message', '')}".strip()
-    return str(body)[:300]
-
-
-# A 400 whose message names one of these is about a setting every request carries (OpenRouter's
-# "invalid or missing params"); one about the context length is about this prompt.
-REQUEST_WIDE_400 = re.compile(
-    r"\b(temperature|top_p|top_k|seed|max_tokens|max_new_tokens|reasoning|provider|model|tool_choice|"
-    r"parameters?|sampling_params)\b",
+# The parameters every request of a run carries alike: a provider naming one refuses them all.
+REQUEST_WIDE = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "max_tokens",
+    "max_new_tokens",
+    "reasoning",
+    "provider",
+    "model",
+    "tool_choice",
+    "sampling_params",
+)
+REQUEST_WIDE_400 = re.compile(rf"\b({'|'.join(REQUEST_WIDE)}|parameters?)\b", re.IGNORECASE)
+# A prompt longer than the model takes, in each provider's and server's words.
+CONTEXT_OVERFLOW = re.compile(
+    r"context[_ ](length|window)|maximum context|exceeded model token limit|prompt is too long|"
+    r"longer than the (model's )?(context length|maximum model length)|too many tokens|"
+    r"reduce the length of the (messages|prompt)",
     re.IGNORECASE,
 )
-PROMPT_400 = re.compile(r"context (length|window)|too (long|many tokens)|prompt is too", re.IGNORECASE)
+WRAPPED = "Provider returned error"  # OpenRouter's message where the provider's body is in metadata.raw
+
+
+@dataclass(frozen=True)
+class ErrorBody:
+    """What an error answer says. `message`: OpenRouter's (or the server's) message; `raw`: the provider's
+    own message where OpenRouter wraps its body (`metadata.raw`), else ""; `param`: the request parameter
+    the error names, where it names one (OpenAI's `param`)."""
+
+    message: str
+    raw: str
+    provider: str | None
+    param: str | None
+    metadata: dict
+
+    @property
+    def wrapped(self) -> bool:
+        return bool(self.raw) or self.message == WRAPPED
+
+    @property
+    def text(self) -> str:
+        """Both messages, the provider's first: what a person reads and the patterns are matched on."""
+        return " | ".join(m for m in (self.raw, "" if self.message == WRAPPED else self.message) if m)
+
+    def said(self, status: int) -> str:
+        by = f" from {self.provider}" if self.provider else ""
+        return f"HTTP {status}{by}: {self.text[:500] or self.message}"
+
+
+def read_error(body: object) -> ErrorBody:
+    """The error in `body`: OpenRouter's `{"error": {"code", "message", "metadata"}}`, OpenAI's and
+    Anthropic's `error` objects, or vLLM's and SGLang's top-level `{"object": "error", "message"}`."""
+    if not isinstance(body, dict):
+        return ErrorBody(str(body)[:500], "", None, None, {})
+    error = body["error"] if isinstance(body.get("error"), dict) else body
+    metadata = error.get("metadata") if isinstance(error.get("metadata"), dict) else {}
+    raw_message, raw_param = _raw(metadata.get("raw"))
+    return ErrorBody(
+        message=str(error.get("message") or error.get("detail") or ""),
+        raw=raw_message,
+        provider=metadata.get("provider_name"),
+        param=error.get("param") or raw_param,
+        metadata=metadata,
+    )
+
+
+def _raw(raw: object) -> tuple[str, str | None]:
+    """The provider's message and named parameter from OpenRouter's `metadata.raw` (a JSON text, an object
+    or plain text)."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return raw.strip(), None
+    if not isinstance(raw, dict):
+        return ("" if raw is None else str(raw)), None
+    inner = raw["error"] if isinstance(raw.get("error"), dict) else raw
+    message = inner.get("message") or inner.get("detail") or inner.get("error_message") or ""
+    return str(message), inner.get("param")
 
 
 def classify(status: int, body: object, retry_after: float | None) -> Exception:
-    """The exception for a non-200 answer, by OpenRouter's and SGLang's documented statuses."""
-    reason = f"HTTP {status}: {error_message(body)}"
+    """The exception for an error answer (`status`: its HTTP status, or the code a stream's error names)."""
+    error = read_error(body)
+    said = error.said(status)
+    if status not in (401, 402, 429) and CONTEXT_OVERFLOW.search(error.text):
+        return RequestFailed(said, "context_overflow")
     if status == 401:
-        return StopRun(f"{reason}; the API key is missing or invalid")
+        return StopRun(f"{said}; the API key is missing or invalid")
     if status == 402:
         if retry_after is not None:
-            return RetryableError(reason, retry_after)
-        return StopRun(f"{reason}; the account is out of credits: add credits, then rerun to continue")
-    if status in (408, 429) or status >= 500:
-        return RetryableError(reason, retry_after)
-    if status == 403 and not _flags_input(body):
-        return StopRun(f"{reason}; the key may not use this model or route (a guardrail, a key limit, permissions)")
+            return RetryableError(said, retry_after)
+        return StopRun(f"{said}; the account is out of credits: add credits, then rerun to continue")
+    if status == 403:
+        if error.metadata.get("reasons") or error.metadata.get("flagged_input"):
+            return RequestFailed(said, "moderation")
+        if error.metadata.get("patterns"):
+            return RequestFailed(said, "guardrail")
+        return StopRun(f"{said}; the key may not use this model or route (a guardrail, a key limit, permissions)")
     if status == 404:
-        return StopRun(f"{reason}; no endpoint serves this model with the run's routing and parameters")
-    if status == 400 and REQUEST_WIDE_400.search(reason) and not PROMPT_400.search(reason):
-        return StopRun(f"{reason}; a setting every request sends is refused: fix it in the config")
-    return RequestFailed(reason)
-
-
-def _flags_input(body: object) -> bool:
-    """Whether a 403 is moderation flagging this request's input (its metadata names reasons or the input)."""
-    error = body.get("error") if isinstance(body, dict) else None
-    metadata = error.get("metadata") if isinstance(error, dict) else None
-    return isinstance(metadata, dict) and bool(metadata.get("reasons") or metadata.get("flagged_input"))
+        return StopRun(f"{said}; no endpoint serves this model with the run's routing and parameters")
+    if status == 413:
+        return RequestFailed(said, "too_large")
+    if status in (408, 429) or status >= 500:
+        return RetryableError(said, retry_after)
+    if error.wrapped:
+        if error.param in REQUEST_WIDE:
+            return StopRun(f"{said}; a setting every request sends is refused: fix it in the config")
+        return RequestFailed(said, "provider_refused")
+    if error.param in REQUEST_WIDE or REQUEST_WIDE_400.search(error.text):
+        return StopRun(f"{said}; a setting every request sends is refused: fix it in the config")
+    return RequestFailed(said, "bad_request")
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,21 @@ How many requests are in flight is the responses driver's business (its share of
 What the gates of later stages read is recorded as the provider sent it: the raw `finish_reason`
 (e.g. `content_filter`, which the turn's own `finish_reason` counts as a stop) in `produced_by`, and
 `message.refusal`, when the provider sends one, as the assistant message's `refusal`.
+
+Answers are streamed (`stream`, the default; `backends/stream.py`) so that a long slow answer is bounded by
+`idle_timeout` between chunks, not by a total; the usage comes in the stream's last chunk. What failed
+attempts were billed (a stream cut or ended by an error, a 200 carrying an error) is kept on the turn
+(`usage.lost_tokens`, `usage.lost_cost`) or, where the prompt fails, on its row, and counted in the spend.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
 from eagle3_datagen.backends.base import (
+    Lost,
     MissingApiKey,
     RetryableError,
     Turn,
@@ -30,20 +37,23 @@ from eagle3_datagen.backends.base import (
 )
 from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
+from eagle3_datagen.backends.stream import ChatStream
 from eagle3_datagen.chat.tool_calls import calls_before, openai_call
 
 MAX_CONCURRENCY = 2000
 
 
 def _check_completion(body: dict) -> None:
-    """A 200 can still be a failed generation: an `error` object, or no usable choice."""
+    """A 200 can still be a failed generation: an `error` object, or no usable choice (billed where its usage
+    says so)."""
+    lost = Lost.of_usage(body.get("usage"))
     if body.get("error"):
-        raise RetryableError(f"HTTP 200 with error: {body['error']}")
+        raise RetryableError(f"HTTP 200 with error: {body['error']}", lost=lost)
     choices = body.get("choices") or []
     if not choices or choices[0].get("message") is None:
-        raise RetryableError("HTTP 200 with no choice")
+        raise RetryableError("HTTP 200 with no choice", lost=lost)
     if choices[0].get("finish_reason") == "error" or choices[0].get("error"):
-        raise RetryableError(f"HTTP 200, generation error: {choices[0].get('error')}")
+        raise RetryableError(f"HTTP 200, generation error: {choices[0].get('error')}", lost=lost)
 
 
 class OpenRouterBackend:
@@ -66,12 +76,15 @@ class OpenRouterBackend:
         self.concurrency = min(settings["concurrency"], MAX_CONCURRENCY)
         self.provider = settings.get("provider")  # absent: no provider routing
         self.reasoning = settings["reasoning"]
+        self.stream = settings["stream"]
+        self.prices = settings.get("price_per_million")  # absent: a cut stream's estimate costs nothing
         self.client = JsonClient(
             settings["base_url"],
             self.concurrency,
             settings["request_timeout"],
             RetryPolicy.from_config(settings["retry"]),
             headers={"Authorization": f"Bearer {key}"},
+            idle_timeout_s=settings["idle_timeout"],
         )
 
     # The settings that cap an answer's length (dotted paths into the fingerprint): a raised one keeps the
@@ -108,10 +121,19 @@ class OpenRouterBackend:
             payload["provider"] = self.provider
         if tools:
             payload["tools"] = tools
+        if self.stream:
+            payload["stream"] = True
+            payload["stream_options"] = {"include_usage": True}
         return payload
 
     async def generate(self, messages: list[dict], tools: list[dict] | None = None) -> Turn:
-        body, attempts = await self.client.post("/chat/completions", self._payload(messages, tools), _check_completion)
+        payload = self._payload(messages, tools)
+        if self.stream:
+            prompt_chars = sum(len(str(m.get("content") or "")) for m in messages)
+            new_stream = functools.partial(ChatStream, prompt_chars, self.prices)
+            body, attempts, lost = await self.client.post_stream("/chat/completions", payload, new_stream)
+        else:
+            body, attempts, lost = await self.client.post("/chat/completions", payload, _check_completion)
         choice = body["choices"][0]
         message = choice["message"]
         usage = body.get("usage") or {}
@@ -132,6 +154,8 @@ class OpenRouterBackend:
                 "completion_tokens": usage.get("completion_tokens", 0),
                 "reasoning_tokens": details.get("reasoning_tokens", 0),
                 "cost": usage.get("cost", 0.0),
+                **({"estimated": 1} if usage.get("estimated") else {}),
+                **({"lost_tokens": lost.tokens, "lost_cost": lost.cost} if lost else {}),
             },
             extra={
                 **extra,

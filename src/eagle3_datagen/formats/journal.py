@@ -4,7 +4,9 @@ outlive its output.
 Each finished prompt (a success or a failure with its reason) is appended as one JSON line and flushed
 as soon as it completes. A rerun reads the journal, keeps every answered id and appends the rest; a
 failed row is not kept, so the rerun asks for it again (a later line for an id replaces an earlier
-one). The first line fingerprints the settings that shape a response. A journal written under other
+one), unless the provider refused the prompt itself `ASKS_PER_REFUSAL` times (`asked`: how many runs
+it did): that row is kept, failed.
+The first line fingerprints the settings that shape a response. A journal written under other
 settings is moved aside, never mixed in, unless the caller says which of its rows the new settings
 would still produce (a raised token limit keeps the answers that ended within the old one): those are
 kept, the journal rewritten with them under the new fingerprint. The journal stays beside the output
@@ -26,6 +28,10 @@ import orjson
 log = logging.getLogger(__name__)
 
 FORMAT = "eagle3-datagen/responses-journal-v1"
+# How many runs ask a prompt the provider refused (too long, flagged): a refusal is of the prompt, and each
+# ask is billed where the provider read the prompt; the second covers a refusal that was the provider's
+# (a route since changed).
+ASKS_PER_REFUSAL = 2
 
 
 def journal_path(out_path: str | Path) -> Path:
@@ -34,13 +40,15 @@ def journal_path(out_path: str | Path) -> Path:
 
 
 def row_spend(row: dict) -> tuple[float, int]:
-    """The dollars and prompt + completion tokens a row's regenerated turns cost."""
-    cost, tokens = 0.0, 0
+    """The dollars and prompt + completion tokens a row's regenerated turns cost, with what its failed
+    requests were billed (a turn's `lost_*`, a failed row's `lost`)."""
+    lost = row.get("lost") or {}
+    cost, tokens = lost.get("cost", 0.0), lost.get("tokens", 0)
     for message in row["messages"]:
         if message["role"] == "assistant":
             usage = message.get("usage") or {}
-            tokens += usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
-            cost += usage.get("cost", 0.0) or 0.0
+            tokens += usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0) + usage.get("lost_tokens", 0)
+            cost += (usage.get("cost", 0.0) or 0.0) + usage.get("lost_cost", 0.0)
     return cost, tokens
 
 
@@ -57,17 +65,24 @@ def _parse(path: str | Path) -> tuple[dict, dict[str, dict], int]:
     return (orjson.loads(lines[0]) if lines else {}), rows, len(complete)
 
 
-def _read(path: Path) -> tuple[dict, dict[str, dict], int]:
-    """`_parse` with the failed rows left out: the rows a rerun keeps."""
+def kept(row: dict) -> bool:
+    """Whether a rerun keeps `row`: an answer, or a prompt refused `ASKS_PER_REFUSAL` times."""
+    return row["status"] != "failed" or row.get("asked", 0) >= ASKS_PER_REFUSAL
+
+
+def _read(path: Path) -> tuple[dict, dict[str, dict], dict[str, int], int]:
+    """`_parse` split into the rows a rerun keeps and, for the refused prompts it asks again, how many runs
+    asked each."""
     header, rows, complete = _parse(path)
-    return header, {k: r for k, r in rows.items() if r["status"] != "failed"}, complete
+    refused = {k: r["asked"] for k, r in rows.items() if not kept(r) and r.get("asked")}
+    return header, {k: r for k, r in rows.items() if kept(r)}, refused, complete
 
 
 def journal_spend(path: Path, backend: str, model: str) -> dict | None:
     """The spend of a journal's kept rows, if it exists and was written by `backend` for `model`."""
     if not path.exists():
         return None
-    header, rows, _ = _read(path)
+    header, rows, _, _ = _read(path)
     fingerprint = orjson.loads(header.get("fingerprint") or "{}")
     if (fingerprint.get("backend"), fingerprint.get("model")) != (backend, model):
         return None
@@ -87,6 +102,7 @@ class Journal:
         self.path = Path(path)
         self.fingerprint = fingerprint
         self.rows: dict[str, dict] = {}
+        self.refused_asks: dict[str, int] = {}  # a refused prompt asked again: how many runs asked it before
         self._load(still_valid)
         self._file = self.path.open("ab")
 
@@ -94,7 +110,7 @@ class Journal:
         if not self.path.exists():
             self._start([])
             return
-        header, rows, complete = _read(self.path)
+        header, rows, refused, complete = _read(self.path)
         if header.get("format") == FORMAT and header.get("fingerprint") != self.fingerprint:
             valid = still_valid(header.get("fingerprint") or "{}")
             if valid is not None:
@@ -119,7 +135,7 @@ class Journal:
             log.warning("%s: cut a torn last line (%d bytes) left by a killed run", self.path, size - complete)
             with self.path.open("r+b") as f:
                 f.truncate(complete)
-        self.rows = rows
+        self.rows, self.refused_asks = rows, refused
         log.info("%s: %d answered rows from earlier runs", self.path, len(self.rows))
 
     def _start(self, rows: list[dict]) -> None:

@@ -2,8 +2,10 @@
 
 Per responses shard: a finished one from its stats (`{shard}.stats.json`), a running or stopped one
 from its journal (`.{shard}.jsonl.zst.journal.jsonl`, read as its job appends: `formats/journal.py`).
-Prompts answered, failed and truncated come from the rows' status, tokens (prompt + completion) and
-dollars from each assistant turn's `usage`. Gated rows are the tokens audit's (`{shard}.audit.json`,
+Prompts answered, failed (per reason: `context_overflow`, `moderation`, ..., `retries_exhausted`) and
+truncated come from the rows' status, tokens (prompt + completion) and dollars from each assistant
+turn's `usage` and what failed requests were billed (`lost`).
+Gated rows are the tokens audit's (`{shard}.audit.json`,
 exact) where the tokens stage has run; elsewhere, given `gates`, the quality gates are applied to the
 rows as the tokens stage will (`chat/gates.py`). The rate of a started shard is its rows over the time
 since its journal was begun (a journal resumed after a stop counts the pause, and a stopped one's rate
@@ -35,6 +37,7 @@ class Progress:
     truncated: int = 0
     gated: int = 0  # answered rows the gates drop (malformed ones included)
     gate_counts: Counter = field(default_factory=Counter)
+    failure_counts: Counter = field(default_factory=Counter)  # failed prompts per reason
     tokens: int = 0
     cost: float = 0.0
     rows_per_s: float = 0.0  # the started shards' rates, summed
@@ -45,12 +48,14 @@ class Progress:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.shards.update(other.shards)
         self.gate_counts.update(other.gate_counts)
+        self.failure_counts.update(other.failure_counts)
 
     def as_dict(self) -> dict:
         return {
             **{name: getattr(self, name) for name in COUNTS},
             "shards": dict(self.shards),
             "gate_counts": dict(self.gate_counts),
+            "failure_counts": dict(self.failure_counts),
             "cost_usd": round(self.cost, 6),
             "rows_per_s": self.rows_per_s,
             "gated_live": self.gated_live,
@@ -84,9 +89,12 @@ def shard_progress(results: Path, partition: str, shard: str, gates: Gates | Non
         progress.shards["done"] += 1
         progress.failed, progress.truncated = status["failed"], status["truncated"]
         progress.answered = sum(status.values()) - status["failed"]
+        # stats written before failures had reasons: one count, "failed"
+        progress.failure_counts.update(stats.get("failures") or {"failed": status["failed"]})
+        progress.failure_counts = +progress.failure_counts
         usage = stats["usage"]
-        progress.tokens = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
-        progress.cost = usage.get("cost", 0.0)
+        progress.tokens = sum(usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "lost_tokens"))
+        progress.cost = usage.get("cost", 0.0) + usage.get("lost_cost", 0.0)
         rows = read_jsonl(out) if gates is not None and not audit.exists() and out.exists() else None
         _gated(progress, audit, rows, gates)
     elif journal.exists():
@@ -96,6 +104,7 @@ def shard_progress(results: Path, partition: str, shard: str, gates: Gates | Non
         status = Counter(r["status"] for r in rows)
         progress.failed, progress.truncated = status["failed"], status["truncated"]
         progress.answered = len(rows) - status["failed"]
+        progress.failure_counts.update(r.get("failure") or "failed" for r in rows if r["status"] == "failed")
         spends = [row_spend(row) for row in rows]
         progress.cost, progress.tokens = sum(c for c, _ in spends), sum(t for _, t in spends)
         if header.get("started") and rows:
@@ -146,6 +155,8 @@ def format_progress(progress: dict[str, Progress]) -> str:
             f"{name:<24} {shards:>13} {answered:>14} {p.failed:>7} {p.truncated:>9} {p.gated:>7} "
             f"{p.tokens:>12,} {p.cost:>10.4f} {p.rows_per_s * 60:>9.1f}"
         )
+        if p.failure_counts:
+            lines.append(f"    failed: {', '.join(f'{reason} {n}' for reason, n in p.failure_counts.most_common())}")
         if p.gate_counts:
             live = f" ({p.gated_live} shards gated here, the others by the tokens stage)" if p.gated_live else ""
             reasons = ", ".join(f"{reason} {n}" for reason, n in p.gate_counts.most_common())

@@ -155,7 +155,8 @@ class SGLangBackend:
         prompt_ids = self.chat.prompt_ids(messages, tools)
         tier = self.tier_for(len(prompt_ids))
         async with self._slots[tier.name]:
-            body, attempts = await self.client.post("/generate", self._payload(prompt_ids, tier), _check_generation)
+            payload = self._payload(prompt_ids, tier)
+            body, attempts, _unbilled = await self.client.post("/generate", payload, _check_generation)
         meta = body.get("meta_info") or {}
         finish = meta.get("finish_reason") or {}
         output_ids = list(body["output_ids"])

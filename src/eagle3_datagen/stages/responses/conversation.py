@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from eagle3_datagen.backends.base import Turn
+from eagle3_datagen.backends.base import Lost, Turn
 from eagle3_datagen.chat.tool_calls import same_call
 from eagle3_datagen.formats.histograms import histogram
 
@@ -46,6 +46,9 @@ class Conversation:
         self.status = "ok"
         self.ended: str | None = None
         self.error: str | None = None
+        self.failure: str | None = None  # a failed prompt's short reason (`RequestFailed.kind`, retries_exhausted)
+        self.refused = False  # the provider refused the prompt itself: a rerun asks again at most once more
+        self.lost = Lost()
         self.counts: Counter = Counter()
         self._turns = 0
         self._segments: deque[tuple[list[dict], list[_Step]]] = deque()
@@ -76,8 +79,11 @@ class Conversation:
     def _end(self, reason: str) -> None:
         self.ended, self.done = reason, True
 
-    def fail(self, error: str) -> None:
+    def fail(self, error: str, failure: str, lost: Lost, refused: bool = False) -> None:
+        """The prompt failed: `error` in the provider's words, `failure` its short reason, `lost` what its
+        failed requests were billed; `refused`: the provider refuses the prompt itself."""
         self.status, self.error, self.done = "failed", error, True
+        self.failure, self.lost, self.refused = failure, lost, refused
 
     def add(self, turn: Turn) -> None:
         """Record the model's answer to `self.messages` and move to what it asks for next."""
@@ -134,6 +140,11 @@ class Conversation:
             row["tool_call_counts"] = dict(+self.counts)
         if self.error is not None:
             row["error"] = self.error
+            row["failure"] = self.failure
+        if self.refused:
+            row["asked"] = 1  # the journal adds the earlier runs' asks
+        if self.lost:
+            row["lost"] = self.lost.as_dict()
         return row
 
 
@@ -154,12 +165,16 @@ def response_stats(rows: list[dict]) -> dict:
     usage = Counter()
     for message in turns:
         usage.update({k: v for k, v in message["usage"].items() if isinstance(v, int | float)})
+    for row in rows:  # what the failed prompts' requests were billed
+        if row.get("lost"):
+            usage.update({"lost_tokens": row["lost"]["tokens"], "lost_cost": row["lost"]["cost"]})
     tool_calls = Counter(dict.fromkeys(TOOL_COUNTS, 0))
     for row in rows:
         tool_calls.update(row.get("tool_call_counts", {}))
     return {
         "prompts": len(rows),
         "status": dict(Counter(r["status"] for r in rows)),
+        "failures": dict(Counter(r.get("failure") or "failed" for r in rows if r["status"] == "failed")),
         "ended": dict(Counter(r["ended"] for r in rows if r.get("ended"))),
         "finish_reasons": dict(finish),
         "assistant_turns": len(turns),

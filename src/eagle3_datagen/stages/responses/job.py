@@ -78,7 +78,7 @@ def run_response_job(
                                 ledger=ledger_for(settings, backend, out),
                                 max_failed_rate=settings["max_failed_rate"],
                             )
-                        log.info("%s: %s", out, {k: result[k] for k in ("prompts", "status", "usage")})
+                        log.info("%s: %s", out, {k: result[k] for k in ("prompts", "status", "failures", "usage")})
                         pending.pop(0)
                     return
                 except (IncompleteRun, ServerGone) as e:

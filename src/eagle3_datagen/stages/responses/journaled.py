@@ -10,7 +10,8 @@ concurrency and while the budget lasts (`limits.Limits`: the run's, with the wor
 in-flight ones finish and nothing is half-written. The final output is written only when every
 prompt is in the journal, in prompt order, and no more of them failed than `max_failed_rate`
 allows; otherwise the job stops with what is done, what failed and why, and a rerun continues from
-the journal, asking again only for the prompts not answered. The journal stays as the shard's
+the journal, asking again only for the prompts not answered; a prompt the provider refused (too long,
+flagged: `RequestFailed`, never retried) at most `ASKS_PER_REFUSAL` times in all. The journal stays as the shard's
 answers: a rerun under a raised token limit keeps every answer that ended within the old one.
 """
 
@@ -37,7 +38,7 @@ from eagle3_datagen.backends.base import (
 )
 from eagle3_datagen.backends.ledger import Ledger, Spend
 from eagle3_datagen.formats.files import read_jsonl, write_json, write_jsonl_zst
-from eagle3_datagen.formats.journal import Journal, journal_path, row_spend
+from eagle3_datagen.formats.journal import ASKS_PER_REFUSAL, Journal, journal_path, row_spend
 from eagle3_datagen.progress import Progress
 from eagle3_datagen.stages.responses.conversation import Conversation, response_stats, throughput
 from eagle3_datagen.stages.responses.limits import Budgets, Limits
@@ -67,10 +68,10 @@ async def _conversation(prompt: dict, backend: AsyncGenerationBackend, group: Co
         try:
             turn = await asker.generate(conversation.messages, conversation.tools)
         except RequestFailed as e:
-            conversation.fail(e.reason)
+            conversation.fail(e.reason, e.kind, e.lost, refused=True)
             break
         except RetryableError as e:
-            conversation.fail(f"retries exhausted: {e.reason}")
+            conversation.fail(f"retries exhausted: {e.reason}", "retries_exhausted", e.lost)
             break
         conversation.add(turn)
     if group is not None:
@@ -119,6 +120,8 @@ async def regenerate_journaled(
             for row in rows:
                 if row["id"] in journal.rows:  # journaled before a kill cut its group's journaling short
                     continue
+                if "asked" in row:
+                    row["asked"] += journal.refused_asks.get(row["id"], 0)
                 journal.append(row)
                 row_cost = Spend(*row_spend(row))
                 spent = spent + row_cost
@@ -180,9 +183,12 @@ def _without(fingerprint: dict, keys: tuple[str, ...]) -> dict:
 
 
 def failure_summary(shard, failed: list[dict], total: int) -> str:
-    """How many prompts failed and the commonest reasons, in one line."""
-    reasons = collections.Counter(row["error"] for row in failed).most_common(REASONS_SHOWN)
-    said = "; ".join(f"{count} {reason[:160]!r}" for reason, count in reasons)
+    """How many prompts failed, per reason (the commonest first, each with one of its messages), in one line."""
+    by_reason = collections.defaultdict(list)
+    for row in failed:
+        by_reason[row.get("failure") or "failed"].append(row["error"])
+    reasons = sorted(by_reason.items(), key=lambda item: -len(item[1]))[:REASONS_SHOWN]
+    said = "; ".join(f"{len(errors)} {reason} (e.g. {errors[0][:160]!r})" for reason, errors in reasons)
     return f"{shard}: {len(failed)} of {total} prompts failed ({len(failed) / total:.1%}): {said}"
 
 
@@ -228,7 +234,7 @@ def run_journaled_responses(
             f"{failure_summary(out_path, failed, len(prompts))}; above inference.max_failed_rate="
             f"{max_failed_rate}. "
             f"The {len(prompts) - len(failed)} answered are kept in {journal.path}: rerun to ask again for the "
-            "failed ones only"
+            f"failed ones only (a prompt the provider refused {ASKS_PER_REFUSAL} times is not asked again)"
         )
     write_jsonl_zst(out_path, rows)
     stats = {"backend": backend.name, "model": backend.model, **response_stats(rows)}
