@@ -7,8 +7,8 @@ Each gate looks at the assistant turns of one row as the responses stage wrote i
 - `empty`: a turn with neither content nor tool calls;
 - `content_filter`: a turn the provider stopped with `finish_reason: content_filter` (the raw reason
   the backend recorded in `produced_by.finish_reason`: OpenRouter's string, SGLang's `{"type": ...}`);
-- `refusal`: a turn that carries the provider's `refusal` text, or whose whole content is a short
-  refusal ("I'm sorry, but I can't help with that." and its kin, `REFUSAL`);
+- `refusal`: a turn that carries the provider's `refusal` text, or whose content is a refusal and no
+  more ("I'm sorry, but I can't help with that." and its kin, `is_refusal`);
 - `repetition`: a turn whose reasoning or content ends in a loop: the same words written again and
   again, word for word (`loop_share`: the longest run of the last `window` words that repeats the
   words `period` before it, for any period up to `max_period`), filling more than `max_rate` of them.
@@ -47,6 +47,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 GATES = (
     "truncated",
@@ -90,20 +91,21 @@ def loop_share(text: str, window: int, max_period: int) -> tuple[float, int]:
     words = words[-reach:]
     judged = min(window, len(words))
     start = len(words) - judged
-    ids = [hash(w) for w in words]
-    seen: dict[tuple[int, int], int] = {}
+    seen: dict[tuple[str, str], int] = {}
     distances: Counter = Counter()
-    for i in range(len(ids) - 1):
-        pair = (ids[i], ids[i + 1])
+    for i, pair in enumerate(pairwise(words)):
         if i >= start and pair in seen and i - seen[pair] <= max_period:
             distances[i - seen[pair]] += 1
         seen[pair] = i
     longest = 0
     for period, _ in distances.most_common(4):
         run = 0
-        for i in range(max(start, period), len(ids)):
-            run = run + 1 if ids[i] == ids[i - period] else 0
-            longest = max(longest, run)
+        for i in range(max(start, period), len(words)):
+            if words[i] == words[i - period]:
+                run += 1
+            else:
+                longest, run = max(longest, run), 0
+        longest = max(longest, run)
     return (longest / judged if judged else 0.0), judged
 
 
