@@ -93,7 +93,7 @@ def conversations(n: int, seed: int, turns: int | None = None) -> list[dict]:
 
 
 def gate_cost(rows: list[dict], tokenizer) -> None:
-    """The quality gates' time per row, every gate on (the repetition gate's rep-n is most of it)."""
+    """The quality gates' time per row, every gate on (the repetition gate's loop share is most of it)."""
     gates = Gates(
         GateSettings.from_config(fill_defaults({}, "tokens.gates")),
         GateMarkers.of(tokenizer, resolve_special_tokens(tokenizer)),

@@ -57,7 +57,10 @@ def greedy_rows(random_model_dir, tmp_path_factory):
 
 
 def samples_for(rows, model_dir, model_settings=THINKING_OFF):
-    samples, _ = build_samples(rows, model_dir, model_settings, token_settings(gates={"truncated": False}))
+    # The rows answer with thinking off: rebuilt as if it were on (THINKING_ON), each would be dropped as
+    # reasoning_missing, which is how the gates catch that mismatch; off here, so that the probe sees it.
+    gates = {"truncated": False, "reasoning_missing": False}
+    samples, _ = build_samples(rows, model_dir, model_settings, token_settings(gates=gates))
     return samples
 
 

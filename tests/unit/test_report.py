@@ -89,7 +89,8 @@ def test_the_gates_table_shows_each_reasons_count_and_rate_and_the_gates_turned_
     shard = {
         "rows": 40, "dropped_rows": 3, "off": ["repetition"],
         "counts": {"truncated": 2, "empty": 0, "content_filter": 0, "refusal": 1, "reasoning_leak": 0,
-                   "tool_call_syntax": 0, "failed": 1, "malformed": 0},
+                   "reasoning_missing": 0, "reasoning_in_content": 1, "tool_call_syntax": 0,
+                   "tool_call_as_text": 0, "failed": 1, "malformed": 0},
     }  # fmt: skip
     other = {**shard, "counts": {**shard["counts"], "refusal": 0}}
     summaries = [{"partition": "chat", "gates": pooled([shard, other])}]
@@ -97,6 +98,6 @@ def test_the_gates_table_shows_each_reasons_count_and_rate_and_the_gates_turned_
     assert section["header"][:5] == ["partition", "response rows", "dropped", "truncated", "empty"]
     assert section["rows"] == [
         ["chat", 80, "6 (7.5%)", "4 (5.0%)", "0 (0.0%)", "0 (0.0%)", "1 (1.2%)", "off", "0 (0.0%)", "0 (0.0%)",
-         "2 (2.5%)", "0 (0.0%)"],
+         "2 (2.5%)", "0 (0.0%)", "0 (0.0%)", "2 (2.5%)", "0 (0.0%)"],
     ]  # fmt: skip
     assert gates_section([{"partition": "empty", "gates": pooled([])}]) is None

@@ -7,14 +7,29 @@ Each gate looks at the assistant turns of one row as the responses stage wrote i
 - `empty`: a turn with neither content nor tool calls;
 - `content_filter`: a turn the provider stopped with `finish_reason: content_filter` (the raw reason
   the backend recorded in `produced_by.finish_reason`: OpenRouter's string, SGLang's `{"type": ...}`);
-- `refusal`: a turn that carries the provider's `refusal` text;
-- `repetition`: a turn whose reasoning or content ends in a loop: rep-n (Welleck et al. 2019,
-  "Neural Text Degeneration with Unlikelihood Training": the share of the n-grams that repeat an
-  earlier one, 1 - unique / all) over the last `window` words, above `max_rate`;
+- `refusal`: a turn that carries the provider's `refusal` text, or whose content is a refusal and no
+  more ("I'm sorry, but I can't help with that." and its kin, `is_refusal`);
+- `repetition`: a turn whose reasoning or content ends in a loop: the same words written again and
+  again, word for word (`loop_share`: the longest run of the last `window` words that repeats the
+  words `period` before it, for any period up to `max_period`), filling more than `max_rate` of them.
+  Structured text (60 SQL inserts, 30 Kubernetes services) repeats its keys with new values on every
+  line, which breaks each run: it is not a loop;
 - `reasoning_leak`: the model's think markers written as text in a turn's content or reasoning
-  (the template writes them itself, so rebuilt tokens would hold a second think block);
+  (the template writes them itself, so rebuilt tokens would hold a second think block); a marker
+  quoted as code (in backticks or a fenced block, an answer about parsing think tags) is not one;
+- `reasoning_missing`: a turn answered without reasoning by a model whose template says it reasons
+  (`GateMarkers.thinking`); the `dataset` backend's rows (the records' own answers) are not judged;
+- `reasoning_in_content`: a turn whose content opens with the reasoning the provider should have
+  split off ("The user is asking ...", "Okay, so the user said ...", `REASONING_OPENING`);
 - `tool_call_syntax`: a call whose arguments are not a JSON object, or the template's tool-call
-  markers left as text in a turn's content (a call its parser could not read).
+  markers left as text in a turn's content (a call its parser could not read);
+- `tool_call_as_text`: where the request offered tools, a turn whose content writes a call to one of
+  them as JSON (`{"name": ..., "arguments": ...}`, as Llama, Hermes and Glaive format a call) instead
+  of calling it.
+
+A gate that drops more than its share of a shard's rows (`tokens.gates.max_shard_rates`) fails the
+shard's tokens job (`over_limits`): a provider that leaks reasoning or loops on a third of
+the prompts is a run to fix, not data to thin out.
 
 A failed row (`status: failed`, no answer) and a malformed one (output the template cannot render
 back) are never trained; they are listed with the gates' drops, under `failed` and `malformed`.
@@ -32,8 +47,20 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
-GATES = ("truncated", "empty", "content_filter", "refusal", "repetition", "reasoning_leak", "tool_call_syntax")
+GATES = (
+    "truncated",
+    "empty",
+    "content_filter",
+    "refusal",
+    "repetition",
+    "reasoning_leak",
+    "reasoning_missing",
+    "reasoning_in_content",
+    "tool_call_syntax",
+    "tool_call_as_text",
+)
 # Rows that no setting trains: no answer, or one the template cannot render back.
 UNUSABLE = ("failed", "malformed")
 
@@ -42,36 +69,58 @@ UNUSABLE = ("failed", "malformed")
 # it in healthy answers.
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _WORDS = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+")
-_CHARS_PER_WORD = 16  # a tail this many characters per word almost always holds `window` words
+_CHARS_PER_WORD = 16  # a tail this many characters per word almost always holds the words asked for
 
 
-def repetition_rate(text: str, n: int, window: int) -> tuple[float, int]:
-    """rep-n of `text`'s last `window` words: the share of its n-grams that repeat an earlier one, and
-    how many n-grams there are. A loop fills the end of what it cuts short, hence the tail."""
-    # Only the tail is read: a slice that holds more than `window` words (its first, perhaps cut, left
-    # out), else the whole text; so a long answer costs what a short one does.
-    words = _WORDS.findall(text[-window * _CHARS_PER_WORD :])
-    if len(words) <= window and len(text) > window * _CHARS_PER_WORD:
+def loop_share(text: str, window: int, max_period: int) -> tuple[float, int]:
+    """The share of `text`'s last `window` words that a loop fills, and how many words were judged.
+
+    A loop writes the same words again, word for word: over the tail, the longest run of words each
+    equal to the word `period` before it, for the period (up to `max_period` words) that makes it
+    longest, over the words judged. The candidate periods are the distances at which the tail's word
+    pairs recur (a loop's period is the commonest). Structured text repeats its keys with new values
+    (an id, a name) on every line, and each new value ends a run: SQL inserts or a list of services
+    score the length of one line's constant part, a loop all of the window.
+    """
+    # Only the tail is read, with `max_period` words before it to compare against: a long answer
+    # costs what a short one does.
+    reach = window + max_period
+    words = _WORDS.findall(text[-reach * _CHARS_PER_WORD :])
+    if len(words) <= reach and len(text) > reach * _CHARS_PER_WORD:
         words = _WORDS.findall(text)
-    words = words[-window:]
-    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
-    if not grams:
-        return 0.0, 0
-    return 1.0 - len(set(grams)) / len(grams), len(grams)
+    words = words[-reach:]
+    judged = min(window, len(words))
+    start = len(words) - judged
+    seen: dict[tuple[str, str], int] = {}
+    distances: Counter = Counter()
+    for i, pair in enumerate(pairwise(words)):
+        if i >= start and pair in seen and i - seen[pair] <= max_period:
+            distances[i - seen[pair]] += 1
+        seen[pair] = i
+    longest = 0
+    for period, _ in distances.most_common(4):
+        run = 0
+        for i in range(max(start, period), len(words)):
+            if words[i] == words[i - period]:
+                run += 1
+            else:
+                longest, run = max(longest, run), 0
+        longest = max(longest, run)
+    return (longest / judged if judged else 0.0), judged
 
 
 @dataclass(frozen=True)
 class Repetition:
     enabled: bool
-    n: int
     window: int
-    min_ngrams: int
+    max_period: int
+    min_words: int
     max_rate: float
 
     def rate(self, text: str) -> float | None:
-        """rep-n of `text`'s tail, or None when the tail is too short to judge."""
-        rate, grams = repetition_rate(text, self.n, self.window)
-        return rate if grams >= self.min_ngrams else None
+        """The share of `text`'s tail a loop fills, or None when the tail is too short to judge."""
+        share, judged = loop_share(text, self.window, self.max_period)
+        return share if judged >= self.min_words else None
 
 
 @dataclass(frozen=True)
@@ -84,7 +133,12 @@ class GateSettings:
     refusal: bool
     repetition: Repetition
     reasoning_leak: bool
+    reasoning_missing: bool
+    reasoning_in_content: bool
     tool_call_syntax: bool
+    tool_call_as_text: bool
+    max_shard_rates: dict[str, float]
+    min_rows_judged: int
 
     @classmethod
     def from_config(cls, section: dict) -> GateSettings:
@@ -101,6 +155,7 @@ class GateMarkers:
 
     think: tuple[str, ...] = ()  # think start and end, where the tokenizer has them
     tool_calls: tuple[str, ...] = ()  # the template's tool-call markers
+    thinking: bool = False  # the model reasons before each answer (`thinking_on`)
 
     @classmethod
     def of(cls, tokenizer, specials, template_kwargs: dict | None = None) -> GateMarkers:
@@ -109,7 +164,27 @@ class GateMarkers:
         from eagle3_datagen.chat.tool_calls import tool_call_marker_tokens
 
         think = tuple(t for t in (specials.think_start, specials.think_end) if t)
-        return cls(think, tool_call_marker_tokens(tokenizer, template_kwargs))
+        thinking = thinking_on(tokenizer, specials, template_kwargs)
+        return cls(think, tool_call_marker_tokens(tokenizer, template_kwargs), thinking)
+
+
+def thinking_on(tokenizer, specials, template_kwargs: dict | None = None) -> bool:
+    """Whether the model reasons before every answer: its generation prompt opens a think block
+    (Kimi-K2.5, Qwen3-2507 Thinking, DeepSeek-V3.1 with `thinking`), or `template_kwargs` switch
+    reasoning on by a family's switch (Qwen3's hybrid `enable_thinking: true`, gpt-oss's
+    `reasoning_effort`). A hybrid template left to its default is not judged: its model may answer
+    without reasoning."""
+    from eagle3_datagen.chat.families.base import FAMILIES
+    from eagle3_datagen.chat.template import render_text
+
+    switches = {cls.thinking_switch for _, cls in FAMILIES.items()} - {None}
+    if any((template_kwargs or {}).get(key) for key in switches):
+        return True
+    start, end = specials.think_start, specials.think_end
+    if not (start and end):
+        return False
+    prompt = render_text(tokenizer, [{"role": "user", "content": "Hi"}], True, template_kwargs)
+    return start in prompt and end not in prompt[prompt.rindex(start) :]
 
 
 def raw_finish_reason(turn: dict) -> str | None:
@@ -130,6 +205,109 @@ def _arguments_parse(call: dict) -> bool:
     return isinstance(arguments, dict) and bool(function.get("name"))
 
 
+# Code quoted in a turn: fenced blocks and inline spans, where a think tag is text about tags.
+_CODE = re.compile(r"```.*?```|~~~.*?~~~|`[^`\n]+`", re.S)
+
+# An answer that declines the request, as chat models word it (OpenAI's "I'm sorry, but I can't assist
+# with that.", Llama 3.1's "I can't provide information or guidance on illegal or harmful activities.",
+# Kimi's "I'm sorry, but I can't help with that request."), and says nothing more than that sentence
+# and an offer of other help (`is_refusal`).
+REFUSAL = re.compile(
+    r"^\W*(?:(?:I'm|I am|I’m)\s+(?:sorry|afraid)|Sorry|I apologi[sz]e|Unfortunately)?[,.!]?\s*(?:but\s+)?"
+    r"(?:I\s*(?:can't|can’t|cannot|can not|won't|won’t|will not|must decline"
+    r"|am (?:not able|unable)|'m (?:not able|unable)|’m (?:not able|unable))\s+(?:to\s+)?"
+    r"(?:(?:help|assist)(?:\s+you)?\s+with\s+(?:that|this|your request|the request)"
+    r"|(?:comply with|fulfill|fulfil|complete|process)\s+(?:that|this|your|the)\s+request"
+    r"|provide (?:information|guidance|assistance|help) (?:on|or|about|with)"
+    r"|(?:help|assist)(?:\s+you)?\s*[.!]"
+    r"|(?:provide|create|write|generate|do)\s+(?:that|this)\s*[.!])"
+    r"|(?:抱歉|对不起)[，,]?\s*(?:但\s*)?我(?:无法|不能)(?:帮助|协助|提供|满足|回答))",
+    re.I,
+)
+_SENTENCE_END = re.compile(r"[.!?。！？](?:\s|$)")
+_OFFER_MAX_CHARS = 80  # "Can I help you with something else?"
+
+
+def is_refusal(content: str) -> bool:
+    """`content` is a refusal and no more: "I can't help with that." alone, or followed by an offer of
+    other help; "I can't assist with that. My functions only create calendar events." explains a limit
+    (Glaive's tool-use answers), and "I can't browse the web, but here is ..." helps: both are trained."""
+    match = REFUSAL.match(content)
+    if not match:
+        return False
+    end = _SENTENCE_END.search(content, match.end())
+    rest = content[end.end() :].strip() if end else ""
+    return not rest or (rest.endswith("?") and len(rest) <= _OFFER_MAX_CHARS)
+
+
+# The first words of reasoning written as the answer: the model describing the user's message to itself
+# ("The user is asking ...", "Okay, so the user said "hello"." from a DeepSeek-R1 served without its
+# reasoning parser, "1.  The user asks for the product ..." from a DeepSeek-V4 one) or planning aloud
+# after an interjection ("Okay, so I need to figure out ...", "Hmm, let me think ...").
+REASONING_OPENING = re.compile(
+    r"^\W*(?:\d+\.\s*)?"
+    r"(?:(?:(?:okay|ok|alright|all right|hmm+|well|so)\b[\s,.!]*)*the user"
+    r"(?:\s+(?:is asking|asks|asked (?:me|about|for|how|what|why|whether|if)|has asked|just asked|wants|said|says"
+    r"|is saying|has said|just said|sent|has sent|just sent|is requesting|requests|requested|greets|greeted"
+    r"|is greeting|would like|wrote|has written|mentioned|mentions|seems to|is looking for|has provided|has shared)"
+    r"|(?:'s|’s)\s+(?:question|message|query|request))\b"
+    r"|(?:okay|ok|alright|all right|hmm+|well)\b[\s,.!]+(?:so\s+)?(?:I need to|I have to|I should figure"
+    r"|let me (?:think|figure|see|try to figure|work (?:this|it) out|recall))"
+    r"|(?:好的|嗯)?[，,]?\s*用户(?:问|想|要|说|询问|希望|需要|提到|让我))",
+    re.I,
+)
+
+
+def _tool_names(row: dict) -> set[str]:
+    """The names of the tools the request offered (OpenAI layout, or a bare function)."""
+    names = set()
+    for tool in row.get("tools") or ():
+        if isinstance(tool, dict):
+            function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+            if isinstance(function.get("name"), str):
+                names.add(function["name"])
+    return names
+
+
+def _is_call(value, names: set[str]) -> bool:
+    """`value` (decoded JSON) holds a call to one of `names`: a name with its arguments (`arguments`, or
+    `parameters` as Llama writes them; not a tool's declaration, whose parameters are a JSON schema)."""
+    if isinstance(value, list):
+        return any(_is_call(v, names) for v in value)
+    if not isinstance(value, dict):
+        return False
+    if isinstance(value.get("function"), dict) and _is_call(value["function"], names):
+        return True
+    arguments = value.get("arguments", value.get("parameters"))
+    is_schema = isinstance(arguments, dict) and "properties" in arguments
+    return value.get("name") in names and arguments is not None and not is_schema
+
+
+# A call written out where its JSON does not parse (Glaive quotes the arguments: `"arguments": '{...}'`):
+# a name followed by its arguments, not by a declaration's schema.
+_CALL_SHAPE = re.compile(
+    r'"name"\s*:\s*"([^"]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?!\{\s*"type"\s*:\s*"object")[\'"{]'
+)
+
+
+def tool_call_in_text(content: str, names: set[str]) -> bool:
+    """`content` writes a call to one of the offered tools `names` as JSON (bare, fenced, or inside a
+    family's text markup such as Glaive's `<functioncall>` or Hermes' `<tool_call>`)."""
+    if not names or not any(name in content for name in names):
+        return False
+    if any(match[1] in names for match in _CALL_SHAPE.finditer(content)):
+        return True
+    decoder = json.JSONDecoder()
+    for opening in re.finditer(r"[{\[]", content):
+        try:
+            value, _ = decoder.raw_decode(content, opening.start())
+        except ValueError:
+            continue
+        if _is_call(value, names):
+            return True
+    return False
+
+
 class Gates:
     """The gates `settings` turns on, with the model's `markers`."""
 
@@ -139,7 +317,8 @@ class Gates:
         self.on = set(settings.enabled())
 
     def repetition(self, row: dict) -> float | None:
-        """The highest rep-n over the row's turns' reasoning and content, or None when none is long enough."""
+        """The largest loop share over the row's turns' reasoning and content, or None when none is long
+        enough to judge."""
         rates = [
             rate
             for turn in _turns(row)
@@ -157,20 +336,34 @@ class Gates:
         found = set()
         if row["status"] == "truncated" or any(t.get("finish_reason") == "length" for t in turns):
             found.add("truncated")
+        names = _tool_names(row) if "tool_call_as_text" in self.on else set()
+        generated = row.get("backend") != "dataset"  # the records' own answers carry no reasoning
         for turn in turns:
             content = turn.get("content") or ""
-            if not content.strip() and not turn.get("tool_calls"):
+            reasoning = turn.get("reasoning") or ""
+            calls = turn.get("tool_calls") or ()
+            if not content.strip() and not calls:
                 found.add("empty")
             if raw_finish_reason(turn) == "content_filter":
                 found.add("content_filter")
-            if turn.get("refusal"):
+            if turn.get("refusal") or is_refusal(content):
                 found.add("refusal")
-            texts = (content, turn.get("reasoning") or "")
+            texts = (_CODE.sub(" ", content), _CODE.sub(" ", reasoning))
             if any(marker in text for marker in self.markers.think for text in texts):
                 found.add("reasoning_leak")
-            calls_bad = not all(_arguments_parse(call) for call in turn.get("tool_calls") or ())
+            # An answer with no reasoning (a call may come straight away; reasoning left in the content
+            # before a think marker is a leak's).
+            unsplit = any(marker in content for marker in self.markers.think)
+            thought = reasoning.strip() or calls or unsplit
+            if generated and self.markers.thinking and content.strip() and not thought:
+                found.add("reasoning_missing")
+            if not unsplit and REASONING_OPENING.match(content):
+                found.add("reasoning_in_content")
+            calls_bad = not all(_arguments_parse(call) for call in calls)
             if calls_bad or any(marker in content for marker in self.markers.tool_calls):
                 found.add("tool_call_syntax")
+            if names and tool_call_in_text(content, names):
+                found.add("tool_call_as_text")
         if "repetition" in self.on:
             rate = self.repetition(row) if repetition is None else repetition
             if rate is not None and rate > self.settings.repetition.max_rate:
@@ -195,7 +388,7 @@ class GateTally:
     rows: int = 0
     counts: Counter = field(default_factory=Counter)  # rows each reason applies to (a row may have several)
     dropped: dict[str, list[str]] = field(default_factory=dict)  # row id -> its reasons
-    repetition: Counter = field(default_factory=Counter)  # rows by their rep-n, in bins of 0.1
+    repetition: Counter = field(default_factory=Counter)  # rows by their loop share, in bins of 0.1
 
     def check(self, gates: Gates, rows: Iterable[dict]) -> list[dict]:
         """The rows that pass `gates`; the others are counted and listed with their reasons."""
@@ -232,6 +425,19 @@ class GateTally:
             "repetition_rates": dict(sorted(self.repetition.items())),
             "dropped": self.dropped,
         }
+
+
+def over_limits(gates: dict, settings: GateSettings) -> list[tuple[str, int, float, float]]:
+    """The enabled gates that dropped more than their `max_shard_rates` share of a shard's rows (`gates`:
+    its `GateTally.report`), as (gate, count, rate, limit); none for a shard of fewer than
+    `min_rows_judged` rows (too few to tell a rate)."""
+    if gates["rows"] < settings.min_rows_judged:
+        return []
+    return [
+        (gate, gates["counts"][gate], gates["rates"][gate], settings.max_shard_rates[gate])
+        for gate in settings.enabled()
+        if gates["rates"][gate] > settings.max_shard_rates[gate]
+    ]
 
 
 def console_line(name: str, gates: dict) -> str:

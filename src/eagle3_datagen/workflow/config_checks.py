@@ -79,15 +79,14 @@ def config_problems(config: dict, config_files: list, check_sources: bool) -> li
 
 
 def gate_problems(config: dict) -> list[str]:
-    """A repetition gate that could judge no text: its window holds fewer n-grams than it asks for."""
+    """A repetition gate that could judge no text: its window holds fewer words than it asks for."""
     repetition = config["tokens"]["gates"]["repetition"]
-    holds = repetition["window"] - repetition["n"] + 1
-    if not repetition["enabled"] or repetition["min_ngrams"] <= holds:
+    if not repetition["enabled"] or repetition["min_words"] <= repetition["window"]:
         return []
     return [
-        f"tokens.gates.repetition: a window of {repetition['window']} words holds {holds} {repetition['n']}-grams, "
-        f"fewer than min_ngrams {repetition['min_ngrams']}, so no text would be judged; raise window or lower "
-        "min_ngrams (or set enabled: false)"
+        f"tokens.gates.repetition: a window of {repetition['window']} words is shorter than min_words "
+        f"{repetition['min_words']}, so no text would be judged; raise window or lower min_words (or set "
+        "enabled: false)"
     ]
 
 

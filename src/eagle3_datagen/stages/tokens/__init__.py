@@ -7,7 +7,9 @@ rebuilt in the model's format, derived from the template (Kimi-K2.5's prompt ope
 `{reasoning}</think>{content}<|im_end|>`; Qwen3's does not, so `<think>\n{reasoning}\n</think>...`).
 Where both exist they are audited against each other, continuation against continuation. Rows
 that a quality gate fails (`chat/gates.py`: truncated, empty, filtered, refused, looping, reasoning
-leaked, tool calls that do not parse) are not trained, and are listed with their reasons.
+leaked, missing or left in the content, tool calls that do not parse or are written as text) are not
+trained, and are listed with their reasons; a gate that drops more than its share of a shard's rows
+(`tokens.gates.max_shard_rates`) fails the shard's job.
 
 `turns` locates the trained turns in the template's rendering, `encoding` turns that text into
 IDs (prompts encoded whole, boundaries through the tokenizer's offsets), `audit` compares and
@@ -28,7 +30,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from eagle3_datagen.chat.families.target_chat import Family, load_chat
-from eagle3_datagen.chat.gates import GateMarkers, Gates, GateSettings, console_line, pooled
+from eagle3_datagen.chat.gates import GateMarkers, Gates, GateSettings, console_line, over_limits, pooled
 from eagle3_datagen.chat.template import SpecialTokens, tools_rendering
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 from eagle3_datagen.formats.files import read_json, read_jsonl, write_json, write_jsonl_zst
@@ -267,6 +269,10 @@ class NothingTrained(RuntimeError):
     """A shard with response rows of which none is trained: its failures and gates say why."""
 
 
+class GateRateExceeded(RuntimeError):
+    """A gate dropped more of a shard's rows than `tokens.gates.max_shard_rates` allows."""
+
+
 def run_tokens(
     responses_path: str | Path,
     out_path: str | Path,
@@ -297,6 +303,21 @@ def run_tokens(
             f"{json.dumps({k: v for k, v in report['counts'].items() if k.startswith('dropped_')})}). Fix the "
             "responses (rerun them, raise inference.sampling.max_new_tokens) or turn the gate off under "
             "tokens.gates; each row's reasons are in this job's log"
+        )
+    over = over_limits(gates, settings.gates)
+    if over:
+        log.info("dropped rows: %s", json.dumps(gates["dropped"]))
+        path = Path(responses_path)
+        where = f"partition {path.parent.parent.name}, shard {path.name.split('.')[0]}"
+        why = "; ".join(
+            f"{gate} dropped {n} of {gates['rows']} rows ({rate:.1%}), above tokens.gates.max_shard_rates.{gate}: "
+            f"{limit}"
+            for gate, n, rate, limit in over
+        )
+        raise GateRateExceeded(
+            f"{responses_path} ({where}): {why}. Look at the dropped rows (their ids and reasons are in this "
+            "job's log): fix the responses (the provider, the template settings, the sampling) and rerun them, "
+            "or raise the share under tokens.gates.max_shard_rates (or turn the gate off under tokens.gates)"
         )
     report["lengths"] = {
         "sample_tokens": histogram(len(s["input_ids"]) for s in samples),
