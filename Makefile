@@ -23,7 +23,7 @@ $(VENV)/.installed: envs/requirements.txt pyproject.toml
 
 # SGLang 0.5.23 (tests/real_sglang) and the trainers' releases (tests/trainers: vLLM speculators 0.9.0,
 # SpecForge 0.2.0) each get a venv of their own: they pin transformers versions that conflict with
-# ours (5.19.0, <=5.19.0, 5.8.1). Each installs --no-deps from its complete pinned list
+# envs/requirements.txt's 5.23.0 (5.19.0, <=5.19.0, 5.8.1). Each installs --no-deps from its complete pinned list
 # envs/NAME-cpu.txt, with the CPU torch (no CUDA stack).
 SGLANG_VENV := .venv-sglang
 SPECULATORS_VENV := .venv-speculators
@@ -77,8 +77,8 @@ test-node-env: $(GPU_VENV)/.installed ## build .venv-gpu as on the GPU node and 
 # Every env file resolves with the project in it, for the GPU node's platform (Linux x86_64, where PyPI's torch
 # is the CUDA build; SGLang 0.5.23's wheels are manylinux_2_34); package metadata only, nothing is installed.
 # The yaml files' pip sections as conda's pip reads them (paths from envs/: `-e ..` is the project with its
-# dependencies); the --no-deps lists (envs/*-cpu.txt) --no-deps, with the project's dependency ranges beside
-# their pins.
+# dependencies; `-r` brings envs/requirements.txt and envs/sglang-gpu.txt); the --no-deps lists
+# (envs/*-cpu.txt) --no-deps, with the project's dependency ranges beside their pins.
 RESOLVE := $(abspath $(VENV))/bin/uv pip compile --quiet --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_34 -o /dev/null
 check-envs: install ## resolve every env file (envs/*.yaml, envs/*.txt) with the project in it (nothing installed)

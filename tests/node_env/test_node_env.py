@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import copy_workflow
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -104,3 +106,17 @@ def test_snakemake_torchrun_and_the_plugins():
         assert importlib.import_module(plugin).__file__
     done = subprocess.run([BIN / "torchrun", "--help"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "--nproc-per-node" in done.stdout
+
+
+def test_snakemake_here_plans_the_workflow(tmp_path):
+    """The node runs Snakemake itself from this env: it loads the Snakefile, validates the config with the
+    schema and plans every job of the demo (a dry run, on a copy of the workflow)."""
+    work = copy_workflow(tmp_path / "work")
+    done = subprocess.run(
+        [BIN / "snakemake", "-n", "--profile", "profiles/local"], cwd=work, capture_output=True, text=True, timeout=600
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert re.search(r"^hidden_states\s+[1-9]\d*$", said, re.M) and re.search(r"^total\s+\d+$", said, re.M), said[
+        -3000:
+    ]
