@@ -2,7 +2,8 @@
 builds it (PyPI's CUDA torch installs without a GPU): it holds what envs/sglang-gpu.txt pins, SGLang's
 own CUDA torch, and everything the node runs from it imports there: each SGLang name the project
 imports, `python -m sglang.launch_server`, the capture runner, the smoke run and Snakemake with its
-plugins. Nothing here needs a GPU: imports and --help only (`make test-node-env`)."""
+plugins (a dry run of the demo). Nothing here needs a GPU: imports, --help and a dry run
+(`make test-node-env`)."""
 
 import ast
 import importlib
@@ -53,8 +54,10 @@ def test_the_env_holds_its_pins_and_sglangs_cuda_torch():
 
 def test_every_sglang_name_the_project_imports_is_there():
     imports = sglang_imports()
-    # the capture runner's model runner and extend, the server's health check, the GPU check
+    # the capture runner: its model runner, the batches it extends, the states it takes
     assert sum(len(names) for names in imports.values()) >= 20, imports
+    for module in imports:
+        importlib.import_module(module)
     missing = [f"{module}.{name}" for module, names in imports.items() for name in names if not found(module, name)]
     assert not missing
 
