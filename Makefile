@@ -7,7 +7,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 unexport PYTHONDONTWRITEBYTECODE
 
 # `make help` lists the targets: the `##` comment on each target's line.
-.PHONY: help install sglang-env speculators-env specforge-env slurm-packages check-envs demo tiny-kimi test test-main test-apart test-fast lint clean
+.PHONY: help install sglang-env speculators-env specforge-env node-envs slurm-packages check-envs test-node-env demo tiny-kimi test test-main test-apart test-fast lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /\1\t/' | expand -t 16
@@ -23,7 +23,7 @@ $(VENV)/.installed: envs/requirements.txt pyproject.toml
 
 # SGLang 0.5.23 (tests/real_sglang) and the trainers' releases (tests/trainers: vLLM speculators 0.9.0,
 # SpecForge 0.2.0) each get a venv of their own: they pin transformers versions that conflict with
-# ours (5.19.0, <=5.19.0, 5.8.1). Each installs --no-deps from its complete pinned list
+# envs/requirements.txt's 5.23.0 (5.19.0, <=5.19.0, 5.8.1). Each installs --no-deps from its complete pinned list
 # envs/NAME-cpu.txt, with the CPU torch (no CUDA stack).
 SGLANG_VENV := .venv-sglang
 SPECULATORS_VENV := .venv-speculators
@@ -39,12 +39,58 @@ specforge-env: $(SPECFORGE_VENV)/.installed ## SpecForge 0.2.0 in .venv-specforg
 	$(@D)/bin/python -c "import torch, sys; sys.exit(torch.version.cuda and f'{torch.__version__}: a CUDA torch')"
 	touch $@
 
-# envs/sglang.yaml's pip pins resolve together (package metadata only: nothing is installed).
-check-envs: install ## resolve envs/sglang.yaml's pins (nothing installed)
-	$(PY) -c "import yaml; deps = yaml.safe_load(open('envs/sglang.yaml'))['dependencies']; \
-	print('\n'.join(p for d in deps if isinstance(d, dict) for p in d['pip'] if not p.startswith('-e')))" > .sglang-yaml.txt
-	$(VENV)/bin/uv pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_34 \
-		.sglang-yaml.txt -o /dev/null; status=$$?; rm -f .sglang-yaml.txt; exit $$status
+# The GPU node's environments (`make node-envs`; docs/running.md), from PyPI, whose torch for Linux x86_64 is
+# the CUDA build; with a Python 3.11 (NODE_PYTHON), each venv with its own uv, so no CPU venv is built first.
+# .venv-gpu: SGLang 0.5.23 and its own torch 2.14.1, the project with its dependencies, Snakemake and its
+# plugins (envs/sglang-gpu.txt, as envs/sglang.yaml): generation, capture and the smoke run. .venv-specforge
+# (evaluate.python's default, the smoke run's draft): envs/specforge-cpu.txt --no-deps as `make specforge-env`,
+# but torch with its CUDA libraries (the torch 2.13.0 the trainer tests run SpecForge on; triton its own pin).
+NODE_PYTHON ?= python3.11
+GPU_VENV := .venv-gpu
+NODE_UV = $(@D)/bin/uv pip install --quiet --python $(@D)/bin/python
+CUDA_TORCH := "import torch, sys; sys.exit(None if torch.version.cuda else f'{torch.__version__}: not a CUDA torch')"
+node-envs: $(GPU_VENV)/.installed $(SPECFORGE_VENV)/.installed-cuda ## the GPU node's venvs on the CUDA torch: SGLang, Snakemake (.venv-gpu); SpecForge
+
+$(GPU_VENV)/.installed: envs/sglang-gpu.txt pyproject.toml
+	$(NODE_PYTHON) -m venv $(@D)
+	$(@D)/bin/python -m pip install --quiet --disable-pip-version-check uv==0.13.8
+	$(NODE_UV) -r envs/sglang-gpu.txt -e .
+	$(@D)/bin/python -c $(CUDA_TORCH)
+	touch $@
+
+$(SPECFORGE_VENV)/.installed-cuda: envs/specforge-cpu.txt pyproject.toml
+	$(NODE_PYTHON) -m venv $(@D)
+	$(@D)/bin/python -m pip install --quiet --disable-pip-version-check uv==0.13.8
+	$(NODE_UV) $$(grep '^torch==' $<)
+	$(NODE_UV) --no-deps -r $<
+	$(NODE_UV) --no-deps -e .
+	$(@D)/bin/python -c $(CUDA_TORCH)
+	touch $@
+
+# .venv-gpu built here as on the node (the CUDA wheels install without a GPU, about 10 GB), and what the node
+# runs from it imported there (tests/node_env); part of make test's second run.
+test-node-env: $(GPU_VENV)/.installed ## build .venv-gpu as on the GPU node and import what the node runs from it
+	$(GPU_VENV)/bin/uv pip install --quiet --python $(GPU_VENV)/bin/python $$(grep '^pytest==' envs/requirements.txt)
+	mkdir -p $(TEST_TMP)/node-env
+	TMPDIR=$(TEST_TMP)/node-env $(GPU_VENV)/bin/python $(RUN_APART) tests/node_env
+
+# Every env file resolves with the project in it, for the GPU node's platform (Linux x86_64, where PyPI's torch
+# is the CUDA build; SGLang 0.5.23's wheels are manylinux_2_34); package metadata only, nothing is installed.
+# The yaml files' pip sections as conda's pip reads them (paths from envs/: `-e ..` is the project with its
+# dependencies; `-r` brings envs/requirements.txt and envs/sglang-gpu.txt); the --no-deps lists
+# (envs/*-cpu.txt) --no-deps, with the project's dependency ranges beside their pins.
+RESOLVE := $(abspath $(VENV))/bin/uv pip compile --quiet --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_34 -o /dev/null
+check-envs: install ## resolve every env file (envs/*.yaml, envs/*.txt) with the project in it (nothing installed)
+	@set -e; cd envs; trap 'rm -f .check-*.txt' EXIT; \
+	for env in *.yaml; do \
+		../$(PY) -c "import sys, yaml; deps = yaml.safe_load(open(sys.argv[1]))['dependencies']; \
+			print('\n'.join(p for d in deps if isinstance(d, dict) for p in d['pip']))" $$env > .check-$$env.txt; \
+		grep -q . .check-$$env.txt || continue; \
+		echo "check-envs: $$env"; $(RESOLVE) .check-$$env.txt; done; \
+	../$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('../pyproject.toml', 'rb'))['project']['dependencies']))" \
+		> .check-project.txt; \
+	for env in *-cpu.txt; do echo "check-envs: $$env --no-deps"; $(RESOLVE) --no-deps $$env .check-project.txt; done
 
 # The evaluate stage (on in both) trains its draft with SpecForge 0.2.0, in .venv-specforge.
 demo: install specforge-env ## the whole workflow on the embedded CPU demo
@@ -93,8 +139,9 @@ test-main: install specforge-env ## the main suite, but for MAIN_BESIDE (part of
 
 # Each trainer's and SGLang's tests run under their own venv, with their releases' own pins.
 RUN_APART := -m pytest -q -o addopts=-ra --durations=25
-test-apart: install sglang-env speculators-env specforge-env ## the SGLang and trainer tiers in their venvs, then MAIN_BESIDE (part of make test)
+test-apart: install sglang-env speculators-env specforge-env $(GPU_VENV)/.installed ## the SGLang, trainer and node-env tiers in their venvs, then MAIN_BESIDE (part of make test)
 	mkdir -p $(TEST_TMP)/apart
+	$(MAKE) --no-print-directory test-node-env
 	TMPDIR=$(TEST_TMP)/apart $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
 	TMPDIR=$(TEST_TMP)/apart $(SPECFORGE_VENV)/bin/python $(RUN_APART) tests/trainers/test_specforge.py \
 		tests/trainers/test_specforge_templates.py \

@@ -199,9 +199,10 @@ def _sglang_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) 
         if python and not _runs(python, SGLANG_IMPORTABLE, environ):
             found.append(
                 f"SGLang is not importable by {python}, which inference.sglang.launch runs "
-                "(sglang.launch_server): run with --sdm conda (envs/sglang.yaml), install SGLang there, or set "
-                "inference.sglang.launch.command to an interpreter that has it (e.g. [.venv-sglang/bin/python, -m, "
-                "sglang.launch_server] after make sglang-env)"
+                "(sglang.launch_server): on the GPU node run the workflow from .venv-gpu (`make node-envs`: SGLang "
+                "0.5.23 on the CUDA torch, the project and Snakemake; docs/running.md), run with --sdm conda "
+                "(envs/sglang.yaml), or set inference.sglang.launch.command to an interpreter that has it (e.g. "
+                "[.venv-gpu/bin/python, -m, sglang.launch_server])"
             )
     capture = CAPTURE[config["hidden_states"]["backend"]]
     if capture.imports and any(j.rule == "hidden_states" for j in jobs):
@@ -209,8 +210,9 @@ def _sglang_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) 
         if python and not _runs(python, SGLANG_IMPORTABLE, environ):
             found.append(
                 f"SGLang is not importable by {python}, which runs torchrun for hidden_states.backend: sglang: "
-                "run with --sdm conda (envs/sglang.yaml), or put a torchrun that has SGLang first on PATH "
-                "(e.g. .venv-sglang/bin after make sglang-env)"
+                "on the GPU node run the workflow from .venv-gpu (`make node-envs`, then `source "
+                ".venv-gpu/bin/activate`; docs/running.md), run with --sdm conda (envs/sglang.yaml), or put a "
+                "torchrun that has SGLang first on PATH"
             )
     return found
 
@@ -227,7 +229,7 @@ def _specforge_problems(config: dict, jobs: list[Job], environ: Mapping[str, str
             return [
                 "evaluate.device is cuda, and --sdm conda runs the evaluate jobs in envs/specforge.yaml, whose "
                 "torch is the CPU build: set evaluate.device: cpu, or run without --sdm conda with evaluate.python "
-                "a Python that has SpecForge 0.2.0 and its CUDA torch 2.11.0"
+                ".venv-specforge/bin/python after `make node-envs` (SpecForge 0.2.0 on the CUDA torch)"
             ]
         return []
     if shutil.which(python, path=environ.get("PATH")) is None:
@@ -239,8 +241,8 @@ def _specforge_problems(config: dict, jobs: list[Job], environ: Mapping[str, str
     if on_gpu and not _runs(python, TORCH_BUILT_FOR_CUDA, environ):
         return [
             f"evaluate.device is cuda, and the torch of evaluate.python {python} is not a CUDA build "
-            "(`make specforge-env` installs the CPU one): set evaluate.device: cpu, or evaluate.python to a Python "
-            "that has SpecForge 0.2.0 and its CUDA torch 2.11.0"
+            "(`make specforge-env` installs the CPU one): set evaluate.device: cpu, or evaluate.python to "
+            ".venv-specforge/bin/python after `make node-envs` (SpecForge 0.2.0 on the CUDA torch)"
         ]
     return []
 
