@@ -36,6 +36,7 @@ from eagle3_datagen.formats.files import iter_jsonl, read_json
 from eagle3_datagen.formats.measured_rates import RATES, read_rates
 from eagle3_datagen.formats.service_loads import read_loads
 from eagle3_datagen.workflow import disk
+from eagle3_datagen.workflow.job_resources import observed_completion_per_turn
 from eagle3_datagen.workflow.partitions import (
     inference_backend,
     prompt_partition,
@@ -163,15 +164,6 @@ def _has_tokenizer(directory: str) -> bool:
     return any((Path(directory) / name).is_file() for name in TOKENIZER_FILES)
 
 
-def _observed_completion_per_turn(partition: str, results: Path) -> float | None:
-    turns = tokens = 0
-    for path in sorted((results / partition / "responses").glob("*.stats.json")):
-        stats = read_json(path)
-        turns += stats.get("assistant_turns", 0)
-        tokens += stats.get("usage", {}).get("completion_tokens", 0)
-    return tokens / turns if turns else None
-
-
 def capture_rates(config: dict, per_token: int, prefill_tokens_per_s: float | None) -> dict:
     """The capture's tokens/s: the node's forward passes (`prefill_tokens_per_s`, `plan_rates`') and its CPU
     side, the capture job's cores (`resources.jobs.hidden_states.cpus_per_task`, less one per GPU rank) at
@@ -218,7 +210,7 @@ def plan_partition(
             prompts += 1
             user_turns += sum(m["role"] == "user" for m in prompt["messages"])
             prompt_tokens += len(render_ids(tokenizer, prompt["messages"], True, template_kwargs))
-    observed = _observed_completion_per_turn(partition, results)
+    observed = observed_completion_per_turn(partition, results)
     per_turn = observed if observed is not None else max_tokens
     completion = round(user_turns * per_turn)
     basis = f"observed {observed:.0f} per turn" if observed is not None else f"max tokens {max_tokens} per turn"
