@@ -32,7 +32,7 @@ from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, RESPONSE_RULES
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 from eagle3_datagen.formats import storage
-from eagle3_datagen.formats.files import iter_jsonl, read_json
+from eagle3_datagen.formats.files import iter_jsonl
 from eagle3_datagen.formats.measured_rates import RATES, read_rates
 from eagle3_datagen.formats.service_loads import read_loads
 from eagle3_datagen.workflow import disk
