@@ -79,7 +79,7 @@ def test_a_prompts_job_that_fails_inside_the_plan_says_why(tmp_path):
     proc = plan(work, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     last = proc.stderr.splitlines()[-1]
-    assert last.startswith("error: snakemake prompts_demo_alpaca prompts_demo_openai prompts_demo_sharegpt --profile")
+    assert last.startswith("error: snakemake prompts_demo_sharegpt prompts_demo_openai prompts_demo_alpaca --profile")
     assert last.endswith(
         "resources/demo/data/sharegpt.jsonl:2: expected a JSON object, got list; 1 of 2 records could not be read"
         " (allowed: 0.00%). Fix: make each line one JSON object, or raise the partition's max_bad_record_rate to"

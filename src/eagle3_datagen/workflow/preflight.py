@@ -385,7 +385,8 @@ def ledger_problems(
             f"the responses jobs of {named} ({nodes}) share no working directory: each node would keep its own "
             f"ledger, and the run's concurrency and budget would hold per node. Fix: {fix}"
         ]
-    Path(directory).mkdir(parents=True, exist_ok=True)
+    # the directory itself may not exist yet (no job has run): its nearest existing folder is on its filesystem
+    existing = next(p for p in (Path(directory).absolute(), *Path(directory).absolute().parents) if p.is_dir())
     if nodes:
         mounts = ledger.parse_mountinfo(
             mountinfo if mountinfo is not None else Path("/proc/self/mountinfo").read_text()
@@ -398,7 +399,7 @@ def ledger_problems(
                 f"{local}: its locks hold on one node only, and the responses jobs of {named} run on several "
                 f"({nodes}), so none would see the others' concurrency, budget or stop. Fix: {fix}"
             ]
-    if not ledger.locks_exclude(directory):
+    if not ledger.locks_exclude(existing):
         return [
             f"inference.ledger_dir={directory}: a POSIX lock one process holds there does not keep another out, "
             f"so the responses jobs of {named} would not share their concurrency and budget. Fix: {fix}"
