@@ -88,6 +88,16 @@ rule all:
         get_final_output(),
 
 
+def api_job_nodes():
+    """Why the run's jobs may run on several nodes, or None."""
+    executor = workflow.executor_plugin.name if workflow.executor_plugin else "local"
+    if executor not in ("local", "dryrun", "touch"):
+        return f"executor {executor}"
+    if config["resources"]["nodes"] > 1:
+        return f"resources.nodes={config['resources']['nodes']}"
+    return None
+
+
 onstart:
     # What would fail one of the jobs this run will run stops the run here, before its first job
     # (--touch runs no job: it only marks outputs up to date); then the canary, one request with the
@@ -96,6 +106,18 @@ onstart:
         SCHEDULED = preflight.scheduled_jobs(workflow.dag)
         preflight.raise_or_warn(
             preflight.problems(config, SCHEDULED, os.environ, SGLANG_DEPLOYED),
+            dry_run=False,
+            warn=logger.warning,
+            error_type=WorkflowError,
+        )
+        # The API jobs' shared ledger: on a filesystem whose locks hold where the jobs run.
+        preflight.raise_or_warn(
+            preflight.ledger_problems(
+                config,
+                SCHEDULED,
+                api_job_nodes(),
+                workflow.storage_settings.default_storage_provider,
+            ),
             dry_run=False,
             warn=logger.warning,
             error_type=WorkflowError,

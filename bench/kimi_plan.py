@@ -86,7 +86,7 @@ def per_thousand(plan: dict) -> str:
     parts = [f"{total['completion_tokens'] * scale:,.0f} completion tokens"]
     if total.get("cost_usd") is not None:
         parts.append(f"${total['cost_usd'] * scale:,.2f}")
-    for key, label in (("generation_gpu_hours", "generation node-hours"), ("hidden_gpu_hours", "hidden node-hours")):
+    for key, label in (("generation_node_hours", "generation node-hours"), ("hidden_node_hours", "hidden node-hours")):
         if total.get(key) is not None:
             parts.append(f"{total[key] * scale:.2f} {label}")
     parts.append(f"{total['hidden_bytes'] * scale / (1 << 30):,.1f} GiB of hidden-state shards")

@@ -304,6 +304,11 @@ def get_response_gpus(wildcards):
     return RESPONSE_GPUS[wildcards.partition]
 
 
+def get_responses_runtime(wildcards, input):
+    """Minutes (resources.jobs.responses): an API job's from its shard's plan, once the shard exists."""
+    return jr.responses_minutes(config, wildcards.partition, input.prompts)
+
+
 def get_response_slurm(key):
     """The responses job's SLURM resource `key` (resources.slurm): GPU jobs go to the GPU partition, API
     clients and CPU work to the CPU one (None: not asked for)."""

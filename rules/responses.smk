@@ -23,6 +23,7 @@ rule responses:
     threads: 2
     resources:
         gpu=get_response_gpus,
+        runtime=get_responses_runtime,
         slurm_partition=get_response_slurm("slurm_partition"),
         qos=get_response_slurm("qos"),
         slurm_account=get_response_slurm("slurm_account"),

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Plan a run without calling any model: per partition that `snakemake -n` would regenerate,
-prompts, prompt and completion tokens, OpenRouter cost, GPU hours and hidden-state bytes, and how
+prompts, prompt and completion tokens, OpenRouter cost, node-hours and hidden-state bytes, and how
 many times each model loads in the planned run and what that costs.
 
 It first builds the prompt shards (cheap, CPU only) so that prompts can be counted and tokenized
@@ -30,8 +30,11 @@ def main() -> None:
     common = ["--profile", args.profile] + (["--configfile", args.configfile] if args.configfile else [])
     # the dry-runs below validate it; the plan reads the defaults the workflow fills
     config = fill_defaults(yaml.safe_load(Path(args.configfile or "config.yaml").read_text()))
+    # The prompts rules as targets, not `--until`: under `prompts.shared_across_partitions: drop` one
+    # reads another's shards, and Snakemake stops such an `--until` set after its first job ("BUG: Out
+    # of jobs ready to be started", snakemake/snakemake#823).
     prompt_rules = [f"prompts_{name}" for name in config["partitions"]]
-    cli.run_snakemake([*common, "--until", *prompt_rules, "--cores", "2", "--quiet", "all"])
+    cli.run_snakemake([*prompt_rules, *common, "--cores", "2", "--quiet", "all"])
     dry_run = cli.run_snakemake([*common, "-n"])
     # Only counting tokens needs the tokenizer (transformers, torch): --help and Snakemake's calls do not.
     from eagle3_datagen.reporting.plan import format_plan, make_plan, scheduled_jobs, scheduled_partitions

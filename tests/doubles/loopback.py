@@ -82,7 +82,9 @@ class Loopback:
         faults: FaultPlan | None = None,
         tool_script: list[ScriptedCall] = (),
         speculative_steps: int | None = None,
+        prices: dict | None = None,
     ):
+        """`prices`: USD per million prompt and completion tokens an answer costs (None: $0.001 each)."""
         self.model_path = model_path
         self.speculative_steps = speculative_steps
         self.tokenizer = tokenizer
@@ -97,6 +99,8 @@ class Loopback:
         self.generate_prompts: list[str] = []  # each /generate prompt, decoded
         self.in_flight = 0
         self.max_in_flight = 0
+        self.prices = prices
+        self.billed = 0.0  # what every answer cost, sent to a client still there or not
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -228,11 +232,14 @@ class Loopback:
             call = self._scripted_call(last_user, lambda _: len(body["messages"]) > after_user)
         self.completed[key] += 1
         self.status_counts["200"] += 1
+        prompt = sum(len((m.get("content") or "").split()) for m in body["messages"])
+        cost = (prompt * self.prices["prompt"] + completion * self.prices["completion"]) / 1e6 if self.prices else 0.001
+        self.billed += cost
         usage = {
-            "prompt_tokens": sum(len((m.get("content") or "").split()) for m in body["messages"]),
+            "prompt_tokens": prompt,
             "completion_tokens": completion,
             "completion_tokens_details": {"reasoning_tokens": 4},
-            "cost": 0.001,
+            "cost": cost,
         }
         reasoning = "Considering it." if (body.get("reasoning") or {}).get("enabled") else None
         choice = {"message": {"role": "assistant", "content": content, "reasoning": reasoning}}

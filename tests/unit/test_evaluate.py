@@ -71,7 +71,7 @@ def row(partition: str, prompts: int, tokens: int) -> PartitionPlan:
     return PartitionPlan(partition, "sglang", prompts, prompts, tokens // 2, tokens // 2, "", None, None, None, 0, "")
 
 
-def test_the_plan_counts_the_evaluations_training_steps_decoded_tokens_and_gpu_hours():
+def test_the_plan_counts_the_evaluations_training_steps_decoded_tokens_and_node_hours():
     config = fill_defaults(yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text()))
     rows = [row("B1_glaive", 1000, 2_000_000), row("B3_magicoder_evol", 500, 500_000)]
     assert plan_evaluation(config, rows) is None  # commented out in the production config
@@ -84,11 +84,11 @@ def test_the_plan_counts_the_evaluations_training_steps_decoded_tokens_and_gpu_h
     assert evaluation["training_tokens"] == round(2000 * 4 * (2000 + 1000 + 2_500_000 / 1500))
     assert evaluation["decoded_tokens"] == 2 * (64 + 64) * 256  # each partition's draft, then the joint one
     hours = evaluation["training_tokens"] / 20000 / 3600 + evaluation["decoded_tokens"] / 8000 / 3600
-    assert evaluation["gpu_hours"] == pytest.approx(hours)
+    assert evaluation["node_hours"] == pytest.approx(hours)
     config["evaluate"]["baseline"] = "original"
     assert plan_evaluation(config, rows)["drafts"] == 6
     nothing = dict.fromkeys(("prompts", "prompt_tokens", "completion_tokens", "cost_usd", "hidden_bytes"))
-    nothing.update(generation_gpu_hours=None, hidden_gpu_hours=None)
+    nothing.update(generation_node_hours=None, hidden_node_hours=None)
     plan = {
         "partitions": [],
         "total": nothing,

@@ -3,7 +3,6 @@ killed job's share returned, the spend under results/ counted (and counted again
 ledger is gone), a refused setting stopping every job, the statuses that stop a run. The jobs are the
 real driver and `scripts/responses.py`; the server is the loopback double (tests/doubles)."""
 
-import asyncio
 import json
 import os
 import re
@@ -16,14 +15,24 @@ import pytest
 
 from eagle3_datagen.backends.base import RequestFailed, RetryableError, StopRun
 from eagle3_datagen.backends.http import classify
-from eagle3_datagen.backends.ledger import STALE_S, Ledger, Spend, Synced, clear_stop, endpoint_key, fair_shares
+from eagle3_datagen.backends.ledger import (
+    STALE_S,
+    Ledger,
+    Reserved,
+    Spend,
+    Synced,
+    clear_stop,
+    endpoint_key,
+    fair_shares,
+)
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
-from eagle3_datagen.stages.responses.limits import Limits
 from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
 from tests.helpers import KEY_ENV, REPO, SAMPLING, defaults, openrouter_backend, prompts_file, wait_until
 
 MODEL = "moonshotai/kimi-k2.5"
+# USD per million tokens the loopback bills and the budget reserves at
+PRICES = {"prompt": 10.0, "completion": 50.0}
 
 
 def test_fair_shares_split_evenly_and_give_what_a_job_does_not_want_to_the_others():
@@ -70,23 +79,67 @@ def run_shard(tmp_path, prompts, url, shard, budgets=None, concurrency=4):
     )
 
 
+def worst_case(prompts) -> float:
+    """The largest first-turn reservation of `prompts` (tests.helpers' SAMPLING: max_new_tokens 64), in USD."""
+    budgets = Budgets(cost_usd=1.0, prices=PRICES)
+    return max(budgets.worst_case(p["messages"], None, 64).cost for p in read_jsonl(prompts))
+
+
+def ledger_total(tmp_path) -> float:
+    ledger = tmp_path / "results" / ".ledger" / endpoint_key("openrouter", MODEL) / "ledger.json"
+    return sum(entry["cost"] for entry in json.loads(ledger.read_text())["shards"].values())
+
+
 def test_the_spend_under_results_counts_and_a_lost_ledger_is_counted_again_from_it(tmp_path, api_key):
-    """Shard 0 answered in full (10 x $0.001), then shard 1 under a budget of $0.015: the run's spend stops
-    it at about 5 more. With the ledger deleted, the next job counts the journals again."""
-    server = Loopback("unused", api_key=api_key)
+    """Shard 0 answered in full, then shard 1 under a budget: it stops once the next request's worst case
+    no longer fits beside the run's spend (shard 0's included), never past the budget. With the ledger
+    deleted, the next job counts the journals again and stops at the same place under the same budget."""
+    server = Loopback("unused", api_key=api_key, prices=PRICES)
     with serve_in_thread(server) as url:
         run_shard(tmp_path, prompts_file(tmp_path, 10, name="a.jsonl.zst"), url, 0)
+        first = server.billed
         prompts = prompts_file(tmp_path, 10, name="b.jsonl.zst")
-        with pytest.raises(IncompleteRun, match=r"max_cost_usd=0.015 reached \(\$0.0150 spent by the run\)"):
-            run_shard(tmp_path, prompts, url, 1, Budgets(cost_usd=0.015), concurrency=1)
-        assert sum(server.completed.values()) == 15
-        ledger = tmp_path / "results" / ".ledger" / endpoint_key("openrouter", MODEL) / "ledger.json"
-        recorded = json.loads(ledger.read_text())
-        assert recorded["jobs"] == {} and sorted(e["cost"] for e in recorded["shards"].values()) == [0.005, 0.01]
-        ledger.unlink()
-        with pytest.raises(IncompleteRun, match=r"max_cost_usd=0.017 reached \(\$0.0170 spent by the run\)"):
-            run_shard(tmp_path, prompts, url, 1, Budgets(cost_usd=0.017), concurrency=1)
-        assert sum(server.completed.values()) == 17
+        worst = worst_case(prompts)
+        budget = first + worst + 0.002  # room for a few answers at about $0.0006 each
+        with pytest.raises(
+            IncompleteRun, match=r"the budget is reached: the run's \$0\.0\d+ .* spent leave too little"
+        ):
+            run_shard(tmp_path, prompts, url, 1, Budgets(cost_usd=budget, prices=PRICES), concurrency=1)
+        answered = sum(server.completed.values())
+        assert 10 + 3 <= answered < 20 and server.billed <= budget < server.billed + worst
+        assert ledger_total(tmp_path) == pytest.approx(server.billed)
+        (tmp_path / "results" / ".ledger" / endpoint_key("openrouter", MODEL) / "ledger.json").unlink()
+        with pytest.raises(IncompleteRun, match="the budget is reached"):
+            run_shard(tmp_path, prompts, url, 1, Budgets(cost_usd=budget, prices=PRICES), concurrency=1)
+        assert sum(server.completed.values()) == answered  # the journals counted again: nothing more asked
+        assert ledger_total(tmp_path) == pytest.approx(server.billed)
+
+
+def test_failed_prompts_paid_turns_stay_counted_on_a_rerun(tmp_path, api_key):
+    """Two-turn prompts whose second turn is refused (a 400 for the prompt): each failed row's paid first
+    turn is in the journal. A rerun asks for them again (failed rows are not kept), and the ledger and the
+    finished shard's stats still count the first run's paid turns: the whole bill, not the kept rows'."""
+    server = Loopback(
+        "unused", api_key=api_key, prices=PRICES, faults=FaultPlan(reject=["Question 3.1", "Question 5.1"])
+    )
+    prompts = prompts_file(tmp_path, 8, turns=2, name="a.jsonl.zst")
+    with serve_in_thread(server) as url:
+        stats = run_shard(tmp_path, prompts, url, 0)
+        assert stats["status"] == {"ok": 6, "failed": 2}
+        assert stats["spent"]["cost"] == pytest.approx(server.billed)
+        server.faults = FaultPlan()
+        results_shard(tmp_path, 0).unlink()  # Snakemake deletes the output before it runs the job again
+        stats = run_shard(tmp_path, prompts, url, 0)
+    assert stats["status"] == {"ok": 8}
+    # 16 answers in the output, 18 billed: the 2 failed rows' first turns were paid in the first run
+    assert sum(server.completed.values()) == 18
+    assert stats["spent"]["cost"] == pytest.approx(server.billed) and ledger_total(tmp_path) == pytest.approx(
+        server.billed
+    )
+    assert stats["usage"]["cost"] < server.billed
+    (tmp_path / "results" / ".ledger" / endpoint_key("openrouter", MODEL) / "ledger.json").unlink()
+    recounted = Ledger(tmp_path / "results" / ".ledger", "openrouter", MODEL, "other", None)
+    assert recounted.sync(0, 0, Spend(), 0.0).total.cost == pytest.approx(server.billed)
 
 
 def test_a_refused_setting_stops_every_job_until_the_canary_clears_it(tmp_path, api_key):
@@ -108,7 +161,7 @@ def test_a_refused_setting_stops_every_job_until_the_canary_clears_it(tmp_path, 
         assert run_shard(tmp_path, prompts, url, 1)["status"] == {"ok": 6}
 
 
-def job_command(tmp_path, prompts, shard: int, url: str) -> list[str]:
+def job_command(tmp_path, prompts, shard: int, url: str, openrouter_run: dict | None = None) -> list[str]:
     out = results_shard(tmp_path, shard)
     settings = {
         "backend": "openrouter",
@@ -116,7 +169,8 @@ def job_command(tmp_path, prompts, shard: int, url: str) -> list[str]:
         "openrouter": defaults("inference.openrouter", base_url=url, model=MODEL, api_key_env=KEY_ENV),
         "model": defaults("model", path="unused"),
     }
-    run = {"openrouter": {"concurrency": 40}, "ledger_dir": "results/.ledger", "max_failed_rate": 0.0}
+    run = {"openrouter": {"concurrency": 40, **(openrouter_run or {})}, "ledger_dir": "results/.ledger"}
+    run["max_failed_rate"] = 0.0
     return [sys.executable, str(REPO / "scripts/responses.py"), "--prompts", str(prompts), "--out",
             str(out.relative_to(tmp_path)), "--stats", str(out.with_suffix(".stats").relative_to(tmp_path)),
             "--settings", json.dumps(settings), "--run-settings", json.dumps(run)]  # fmt: skip
@@ -155,7 +209,7 @@ def test_a_job_killed_with_9_returns_its_share(tmp_path, api_key):
     assert second.returncode == 0, second.stderr[-2000:]
     shares = re.findall(r"concurrency: (\d+) of 40, (\d+) jobs", second.stderr)
     assert shares[0] == ("40", "1"), shares  # the killed job's 40 returned at the first look
-    assert "is gone; its 40 slots return" in second.stderr
+    assert "is gone; its 40 slots and its reservations" in second.stderr
     assert len(read_jsonl(results_shard(tmp_path, 1))) == 40
     assert json.loads(ledger.read_text())["jobs"] == {}
     print(f"\nthe next job took the killed job's 40 slots at once; its 40 prompts at 1 s latency took {seconds:.1f} s")
@@ -183,30 +237,81 @@ def test_a_job_on_another_host_is_gone_once_its_heartbeat_stands_still_for_stale
     assert synced.limit == 40 and synced.jobs == 1
 
 
-def test_near_the_budget_an_answers_slot_is_free_again_only_once_the_ledger_holds_its_spend(tmp_path):
-    """Another job's answers are seen only through the ledger: were a slot given again before its answer's
-    spend is written, a job elsewhere could start past the budget on a view without it. Each look the
-    job takes while an answer is not yet written sees that answer's conversation still in flight."""
-    ledger = Ledger(tmp_path / ".ledger", "openrouter", MODEL, "results/p/responses/00000.jsonl.zst", 4)
-    limits = Limits(Budgets(cost_usd=0.01), 4, Spend(), ledger)
-    looks = []
-    sync = ledger.sync
+def test_a_reservation_fits_beside_the_spend_and_every_live_jobs_reservations_and_a_dead_jobs_return(tmp_path):
+    """Another node's job holds $0.04 of a $0.05 budget in reservations: a request worth $0.02 at worst
+    waits. Once that job settles (its answers cost $0.01) the request fits; once its heartbeat stands still
+    for STALE_S its reservations return with it."""
+    ledger = Ledger(tmp_path / ".ledger", "openrouter", MODEL, "results/p/responses/00000.jsonl.zst", 40)
+    budgets = Budgets(cost_usd=0.05, prices=PRICES)
+    ledger.sync(0, 100, Spend(), now=0.0)
+    other = {"host": "node7/0badc0de", "pid": 1, "pid_start": "1", "shard": "s1", "beat": 1, "want": 40, "claim": 20}
 
-    def looked(in_flight, wanted, spent, now, first=False):
-        looks.append((in_flight, spent))
-        return sync(in_flight, wanted, spent, now, first)
+    def other_job(beat: int, reserved: float, spent: float) -> None:
+        state = json.loads(ledger.path.read_text())
+        state["jobs"]["node7/0badc0de:1:1"] = {**other, "beat": beat, "reserved": {"cost": reserved, "tokens": 9000}}
+        state["shards"]["s1"] = {"cost": spent, "tokens": 100}
+        ledger.path.write_text(json.dumps(state))
 
-    ledger.sync = looked
+    worst = Spend(0.02, 4000)
+    other_job(1, 0.04, 0.0)
+    found = ledger.reserve(worst, Spend(), Spend(), budgets.fits, now=1.0)
+    assert found == Reserved(False, Spend(0.0, 100), Spend(0.04, 9000))
+    other_job(2, 0.0, 0.01)
+    assert ledger.reserve(worst, Spend(), Spend(), budgets.fits, now=2.0).held
+    assert json.loads(ledger.path.read_text())["jobs"][ledger.me]["reserved"] == {"cost": 0.02, "tokens": 4000}
+    assert not ledger.reserve(worst, worst + worst, Spend(), budgets.fits, now=3.0).held  # 0.01 + 3 x 0.02
+    other_job(3, 0.03, 0.01)
+    assert not ledger.reserve(worst, Spend(), Spend(), budgets.fits, now=4.0).held
+    found = ledger.reserve(worst, Spend(), Spend(), budgets.fits, now=4.0 + STALE_S + 1)
+    assert found.held and found.reserved == Spend()  # the dead job's $0.03 returned, its spend stays
+    assert found.total == Spend(0.01, 100)
+    ledger.settle(Spend(), Spend(0.015, 3000))
+    state = json.loads(ledger.path.read_text())
+    assert state["jobs"][ledger.me]["reserved"] == {"cost": 0.0, "tokens": 0}
+    assert state["shards"]["results/p/responses/00000.jsonl.zst"] == {"cost": 0.015, "tokens": 3000}
 
-    async def one_answer():
-        async with limits:
-            limits.left = 2
-            assert await limits.acquire() is None
-            del looks[:]
-            await limits.release(Spend(0.002, 10))
-            recorded = json.loads(ledger.path.read_text())["shards"]
-            return limits.in_flight, recorded
 
-    in_flight, recorded = asyncio.run(one_answer())
-    assert looks == [(1, Spend(0.002, 10))]  # written with its slot still held
-    assert in_flight == 0 and recorded == {"results/p/responses/00000.jsonl.zst": {"cost": 0.002, "tokens": 10}}
+def test_spend_under_a_cap_with_slow_answers_and_a_job_killed_with_9_stays_within_the_bound(tmp_path, api_key):
+    """Two jobs of 150 two-turn prompts share 40 slots and a $0.15 budget (about 220 of their 600 answers);
+    every answer takes 1 s. The first is killed with -9 while 10 or more of its requests are in flight
+    (their answers are billed all the same), the second runs on, then the first is run again. The bill
+    passes the budget by no more than the killed job's reservations at the kill (docs/backends.md), and
+    the recorded spend never passes it."""
+    server = Loopback("unused", api_key=api_key, prices=PRICES, faults=FaultPlan(latency_s=1.0))
+    ledger = tmp_path / "results" / ".ledger" / endpoint_key("openrouter", MODEL) / "ledger.json"
+    env = {**os.environ, KEY_ENV: api_key}
+    budget = {"max_cost_usd": 0.15, "price_per_million": PRICES}
+    with serve_in_thread(server) as url:
+        results_shard(tmp_path, 0).parent.mkdir(parents=True)
+        shards = [prompts_file(tmp_path, 150, turns=2, name=f"{n}.jsonl.zst") for n in "ab"]
+        jobs = [
+            subprocess.Popen(job_command(tmp_path, shards[n], n, url, budget), cwd=tmp_path, env=env,
+                             stderr=subprocess.PIPE, text=True)
+            for n in range(2)
+        ]  # fmt: skip
+
+        def reserved(job: int) -> dict:
+            state = json.loads(ledger.read_text() or "{}")
+            mine = [j for j in state.get("jobs", {}).values() if j["shard"].endswith(f"{job:05d}.jsonl.zst")]
+            return mine[0]["reserved"] if mine else {"cost": 0.0}
+
+        worst = worst_case(shards[0])
+        assert wait_until(lambda: ledger.exists() and server.completed and reserved(0)["cost"] >= 10 * worst, 60, 0.02)
+        held_at_kill = reserved(0)["cost"]
+        jobs[0].send_signal(signal.SIGKILL)
+        jobs[0].wait()
+        second = jobs[1].communicate()[1]
+        rerun = subprocess.run(job_command(tmp_path, shards[0], 0, url, budget), cwd=tmp_path, env=env,
+                               capture_output=True, text=True)  # fmt: skip
+        time.sleep(1.5)  # the killed job's last answers come back to no one, billed
+    assert jobs[1].returncode != 0 and "the budget is reached" in second, second[-2000:]
+    assert "and its reservations" in second + rerun.stderr  # the killed job found dead
+    assert rerun.returncode != 0 and "budget" in rerun.stderr, rerun.stderr[-2000:]
+    recorded = ledger_total(tmp_path)
+    overshoot = server.billed - budget["max_cost_usd"]
+    print(
+        f"\nbudget $0.15: billed ${server.billed:.4f} ({sum(server.completed.values())} answers), recorded "
+        f"${recorded:.4f}; overshoot ${max(overshoot, 0):.4f} <= the killed job's reservations ${held_at_kill:.4f}"
+    )
+    assert recorded <= budget["max_cost_usd"] and overshoot <= held_at_kill
+    assert json.loads(ledger.read_text())["jobs"] == {}

@@ -31,6 +31,10 @@ def prompts(n: int, shard: int) -> list[dict]:
     return rows
 
 
+# The loopback bills $0.001 an answer; at these prices a request's worst case (max_tokens 8) is $0.0012.
+WORST_1_2_MILLS = {"prompt": 0.0, "completion": 150.0}
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, qwen_tokenizer_dir):
     """A partition `chat` of three shards: 00000 stopped by its budget (its journal kept), 00001 finished
@@ -46,7 +50,7 @@ def run_dir(tmp_path_factory, qwen_tokenizer_dir):
         env.setenv(KEY_ENV, "test-key-123")
         server = Loopback("moonshotai/kimi-k2.5", api_key="test-key-123", faults=FaultPlan(reject=["forbidden"]))
         with serve_in_thread(server) as url:
-            for shard, budget in (("00000", Budgets(cost_usd=0.0125)), ("00001", Budgets())):
+            for shard, budget in (("00000", Budgets(cost_usd=0.0141, prices=WORST_1_2_MILLS)), ("00001", Budgets())):
                 backend = openrouter_backend(url, concurrency=1, max_tokens=8)
                 try:
                     run_journaled_responses(
@@ -73,7 +77,8 @@ def test_progress_counts_a_real_journal_a_finished_shard_and_a_pending_one(run_d
     finished = read_jsonl(run_dir / "results/chat/responses/00001.jsonl.zst")
     stats = read_json(run_dir / "results/chat/responses/00001.stats.json")
     rows = [*journaled.values(), *finished]
-    # the budget: 13 answers at $0.001 (failures cost nothing), then no new conversation
+    # the budget: 13 answers at $0.001 (failures cost nothing) while the next one's worst case fits ($0.0012:
+    # 8 tokens at $150 per million), then no new conversation
     assert len(journaled) < 30 and sum(r["status"] != "failed" for r in journaled.values()) == 13
     assert header["started"] <= time.time()
 

@@ -96,15 +96,24 @@ def test_402_with_retry_after_is_retried(tmp_path, api_key):
     assert stats["status"] == {"ok": 3} and server.status_counts["402"] == 3
 
 
-def test_budgets_stop_new_conversations_and_leave_a_resumable_state(tmp_path, api_key):
+def test_budgets_stop_new_requests_before_their_worst_case_passes_them_and_leave_a_resumable_state(tmp_path, api_key):
+    """The loopback bills $0.001 an answer; at $20 per million completion tokens a request's worst case is
+    64 tokens, $0.00128 (prompt tokens free): $0.0035 takes 3 answers ($0.002 + $0.00128 fits), then
+    $0.003 + $0.00128 would pass it.
+    The token budget reserves each request's prompt bytes and 64 tokens the same way."""
     prompts = prompts_file(tmp_path, 10)
-    with serve_in_thread(Loopback("unused", api_key=api_key)) as url:
-        with pytest.raises(IncompleteRun, match=r"max_cost_usd=0.003 reached"):
-            run_responses(tmp_path, prompts, openrouter_backend(url, concurrency=1), Budgets(cost_usd=0.003))
-        with pytest.raises(IncompleteRun, match=r"token_budget=40 reached"):
-            run_responses(tmp_path, prompts, openrouter_backend(url, concurrency=1), Budgets(tokens=40))
+    prices = {"prompt": 0.0, "completion": 20.0}
+    with serve_in_thread(server := Loopback("unused", api_key=api_key)) as url:
+        with pytest.raises(IncompleteRun, match=r"the budget is reached: this shard's \$0.0030 and \d+ tokens spent"):
+            run_responses(
+                tmp_path, prompts, openrouter_backend(url, concurrency=1), Budgets(cost_usd=0.0035, prices=prices)
+            )
+        assert sum(server.completed.values()) == 3
+        with pytest.raises(IncompleteRun, match=r"the budget is reached"):
+            run_responses(tmp_path, prompts, openrouter_backend(url, concurrency=1), Budgets(tokens=300))
+        assert sum(server.completed.values()) == 7  # 54 tokens, and 18 per answer, while 176 more fit in 300
         stats = run_responses(tmp_path, prompts, openrouter_backend(url, concurrency=1), Budgets(tokens=10_000))
-    assert stats["prompts"] == 10
+    assert stats["prompts"] == 10 and sum(server.completed.values()) == 10
 
 
 def test_missing_key_fails_before_any_request(monkeypatch):

@@ -294,3 +294,81 @@ def test_a_template_that_writes_the_date_or_a_switch_it_never_reads_stops_the_ru
     assert problems(family, config_jobs(family), env, False) == []
     family["model"]["chat_template_date"] = None
     assert any("strftime_now" in line for line in problems(family, config_jobs(family), env, False))
+
+
+# /proc/self/mountinfo lines (proc(5)): the kernel documentation's own example (Documentation/filesystems/
+# proc.rst), and lines written the same way from real mounts: the NFSv3 mount of apptainer/apptainer#365
+# (`mount` showed it `nolock ... local_lock=all`), an NFSv4 mount with lockd's locks (local_lock=none, the
+# kernel's default), PSC's Lustre /pylon5 (10.4.112.79@o2ib:/pylon5) mounted localflock and flock
+# (mount.lustre(8)), and a mount point with a space (written \040).
+KERNEL_EXAMPLE = "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue"
+NFS_NOLOCK = (
+    "512 29 0:53 / {point} rw,relatime shared:280 - nfs mountname:/cm/shared rw,vers=3,rsize=1048576,"
+    "wsize=1048576,namlen=255,hard,nolock,proto=tcp,timeo=600,retrans=2,sec=sys,mountaddr=10.197.33.254,"
+    "mountvers=3,mountport=4002,mountproto=udp,local_lock=all,addr=10.197.33.254"
+)
+NFS4_LOCKS = (
+    "610 29 0:61 / {point} rw,relatime shared:301 - nfs4 server:/export/home rw,vers=4.2,rsize=1048576,"
+    "wsize=1048576,namlen=255,hard,proto=tcp,timeo=600,retrans=2,sec=sys,clientaddr=10.0.0.5,local_lock=none,"
+    "addr=10.0.0.1"
+)
+LUSTRE = "733 29 0:75 / {point} rw,relatime shared:402 - lustre 10.4.112.79@o2ib:/pylon5 rw,{flock},lazystatfs"
+
+
+def test_mount_options_whose_locks_hold_on_one_node_are_found_in_real_mountinfo_lines():
+    from eagle3_datagen.backends.ledger import mount_of, node_local_locks, parse_mountinfo
+
+    [ext3] = parse_mountinfo(KERNEL_EXAMPLE)
+    assert (ext3.point, ext3.fstype, ext3.source) == ("/mnt2", "ext3", "/dev/root")
+    assert ext3.options == {"rw", "noatime", "errors=continue"} and node_local_locks(ext3) is None
+    mounts = parse_mountinfo(
+        "\n".join(
+            [
+                "1 0 8:1 / / rw,relatime - ext4 /dev/sda1 rw",
+                NFS_NOLOCK.format(point="/cm/shared"),
+                NFS4_LOCKS.format(point="/home"),
+                LUSTRE.format(point="/pylon5", flock="localflock"),
+                LUSTRE.format(point="/lustre/flock", flock="flock"),
+                "90 1 8:2 / /data\\040disk rw - xfs /dev/sdb1 rw",
+            ]
+        )
+    )
+    found = {m.point: node_local_locks(m) for m in mounts}
+    assert found == {
+        "/": None,
+        "/cm/shared": "nolock",
+        "/home": None,
+        "/pylon5": "localflock",
+        "/lustre/flock": None,
+        "/data disk": None,
+    }
+    assert mount_of("/cm/shared/run/results/.ledger", mounts).point == "/cm/shared"
+    assert mount_of("/cm/sharedx", mounts).point == "/"
+    assert mount_of("/data disk/x", mounts).fstype == "xfs"
+    assert node_local_locks(parse_mountinfo(NFS_NOLOCK.replace("nolock,", "").format(point="/s"))[0]) == (
+        "local_lock=all"
+    )
+
+
+def test_a_multi_node_api_run_is_refused_where_the_ledgers_locks_hold_on_one_node(tmp_path):
+    """The ledger's directory on an NFS mount with nolock, or Lustre with localflock, refuses a run whose
+    API jobs span nodes, naming the fix; one host there, or this machine's real filesystem (its mountinfo
+    and a lock held by another process), passes; a relative ledger_dir under remote default storage is
+    refused on several nodes."""
+    config = fill_defaults(kimi())
+    config["inference"]["ledger_dir"] = str(tmp_path / "ledger")
+    jobs = [Job("responses", "B1_glaive"), Job("responses", "B3_magicoder_oss")]
+    nfs = "1 0 8:1 / / rw - ext4 /dev/sda1 rw\n" + NFS_NOLOCK.format(point=tmp_path)
+    [refused] = preflight.ledger_problems(config, jobs, "executor slurm", None, nfs)
+    assert refused.startswith(f"inference.ledger_dir={tmp_path}/ledger is on nfs mountname:/cm/shared ({tmp_path})")
+    assert "mounted nolock: its locks hold on one node only" in refused and "B1_glaive, B3_magicoder_oss" in refused
+    assert "Fix: set inference.ledger_dir to a directory every node mounts" in refused
+    lustre = "1 0 8:1 / / rw - ext4 /dev/sda1 rw\n" + LUSTRE.format(point=tmp_path, flock="localflock")
+    [refused] = preflight.ledger_problems(config, jobs, "resources.nodes=4", None, lustre)
+    assert "lustre 10.4.112.79@o2ib:/pylon5" in refused and "mounted localflock" in refused
+    assert preflight.ledger_problems(config, jobs, None, None, nfs) == []  # one host: its locks are enough
+    assert preflight.ledger_problems(config, jobs, "executor slurm", None) == []  # this machine's real mounts
+    assert preflight.ledger_problems(config, [Job("tokens", "B1_glaive")], "executor slurm", None, nfs) == []
+    config["inference"]["ledger_dir"] = "results/.ledger"
+    [remote] = preflight.ledger_problems(config, jobs, "executor slurm", "s3")
+    assert "is relative, and under --default-storage-provider s3" in remote and "per node" in remote

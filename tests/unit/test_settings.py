@@ -173,6 +173,7 @@ COVERAGE_VALUES = {
     "plan.model.hidden_size": 64,
     "plan.tokenizer": "resources/kimi-k2.5",
     "resources.nodes": 4,
+    "resources.jobs.responses.api_runtime": 600,
     "resources.slurm.account": "proj",
     "resources.slurm.gpu.qos": "week",
     "resources.slurm.cpu.qos": "normal",

@@ -4,6 +4,7 @@ the capture's writer threads, and the jobs' resources derived from their bytes."
 
 import gzip
 import json
+import math
 import threading
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from eagle3_datagen.stages.hidden import shard as shard_module
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.workflow import job_resources
 from tests.helpers import HIDDEN_SETTINGS as SETTINGS
-from tests.helpers import REPO, make_samples
+from tests.helpers import REPO, make_samples, prompts_file
 
 SPECFORGE, SPECULATORS = EXPORTS["specforge"], EXPORTS["speculators"]
 GZIP = fill_defaults({"specforge": {"compress": "gzip", "compress_level": 1}}, "export")
@@ -250,3 +251,25 @@ def test_the_jobs_ask_for_what_their_bytes_need(tmp_path):
     probe = job_resources.probe_job(config, kimi[0])
     assert probe.mem_mb > 200_000 * 7168 * 2 / 1e6  # the LM head, at a large target's vocabulary
     assert probe.runtime > 10_000_000 * 57_344 / job_resources.DECODE_RATE / probe.threads / 60
+
+
+def test_an_api_responses_jobs_runtime_is_its_shards_plan_and_settable(tmp_path):
+    """The shipped OpenRouter config (32 API shards sharing 2,000 slots: 62.5 each): a shard of 1,000
+    one-turn prompts at max_new_tokens 8192 and 20 tokens/s is 409,600 s of answers over 62.5 slots, 6,554 s,
+    times 3 plus 15 minutes; the partition's observed 500 tokens per turn shorten it; api_runtime sets it; a
+    partition answered by the dataset's own turns keeps resources.jobs.responses.runtime."""
+    config = fill_defaults(yaml.safe_load((REPO / "config/kimi-k2.5-openrouter.yaml").read_text()))
+    shard = str(prompts_file(tmp_path, 1000, name="00000.jsonl.zst"))
+    results = tmp_path / "results"
+    assert job_resources.responses_minutes(config, "B1_glaive", shard, results) == 15 + math.ceil(
+        1000 * 8192 / 20 / (2000 / 32) * 3 / 60
+    )
+    assert job_resources.responses_minutes(config, "B1_glaive", str(tmp_path / "not-yet"), results) == 15
+    stats = results / "B1_glaive" / "responses" / "00003.stats.json"
+    stats.parent.mkdir(parents=True)
+    stats.write_text(json.dumps({"assistant_turns": 40, "usage": {"completion_tokens": 20_000}}))
+    assert job_resources.responses_minutes(config, "B1_glaive", shard, results) == 15 + 20
+    config["resources"]["jobs"]["responses"]["api_runtime"] = 600
+    assert job_resources.responses_minutes(config, "B1_glaive", shard, results) == 600
+    config["partitions"]["B1_glaive"]["backend"] = "dataset"
+    assert job_resources.responses_minutes(config, "B1_glaive", shard, results) == 240

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helpers import copy_workflow, kimi_sources, run
 
@@ -54,13 +55,31 @@ def test_the_plan_on_a_kimi_config_without_the_model_counts_kimis_tokens(tmp_pat
     }
 
 
+def test_the_plan_under_shared_across_partitions_drop_builds_every_partitions_prompts(tmp_path):
+    """With `drop` each partition's prompts rule reads the earlier partitions' shards: the plan builds them
+    in order (an `--until` of the three rules stopped after the first) and counts every partition."""
+    work = copy_workflow(tmp_path / "wf")
+    config = yaml.safe_load((work / "config.yaml").read_text())
+    config.setdefault("prompts", {})["shared_across_partitions"] = "drop"
+    (work / "drop.yaml").write_text(yaml.safe_dump(config))
+    out = json.loads(plan(work, "--json", "--configfile", "drop.yaml").stdout)
+    # the demo's three sources share no prompt: dropping leaves each partition's count as under keep
+    counts = {row["partition"]: row["prompts"] for row in out["partitions"]}
+    assert {p: counts[p] for p in ("demo_alpaca", "demo_openai", "demo_sharegpt")} == {
+        "demo_alpaca": 26,
+        "demo_openai": 21,
+        "demo_sharegpt": 24,
+    }
+    assert all((work / f"results/{p}/prompts/stats.json").is_file() for p in ("demo_openai", "demo_sharegpt"))
+
+
 def test_a_prompts_job_that_fails_inside_the_plan_says_why(tmp_path):
     work = copy_workflow(tmp_path / "wf")
     (work / "resources/demo/data/sharegpt.jsonl").write_text('{"conversations": []}\n[1]\n')
     proc = plan(work, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     last = proc.stderr.splitlines()[-1]
-    assert last.startswith("error: snakemake --profile profiles/local --until prompts_demo_sharegpt")
+    assert last.startswith("error: snakemake prompts_demo_sharegpt prompts_demo_openai prompts_demo_alpaca --profile")
     assert last.endswith(
         "resources/demo/data/sharegpt.jsonl:2: expected a JSON object, got list; 1 of 2 records could not be read"
         " (allowed: 0.00%). Fix: make each line one JSON object, or raise the partition's max_bad_record_rate to"

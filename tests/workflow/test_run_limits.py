@@ -93,25 +93,35 @@ def shares_seen(work) -> list[tuple[int, int]]:
     return found
 
 
+# USD per million tokens the loopback bills and the budget reserves at: an answer here costs about
+# $0.0006, a request's worst case (about 100 prompt bytes and 64 tokens) about $0.0042.
+PRICES = {"prompt": 10.0, "completion": 50.0}
+# The canary's answer, billed by the loopback but no job's: 6 prompt words, "Reply to: ..." and 4 more.
+CANARY_COST = (6 * PRICES["prompt"] + 12 * PRICES["completion"]) / 1e6
+
+
 def test_four_jobs_share_one_concurrency_and_one_budget(workflow, api_key):
-    """Four shard jobs at concurrency 40 and a budget worth 150 answers ($0.001 each), then the budget
-    raised to 300 worth (the spend under results/ counts), then none: never more than 40 requests in
-    flight at the server, at most 40 answers past each budget, every prompt answered once."""
+    """Four shard jobs at concurrency 40 and a $0.10 budget, then the budget raised to $0.20 (the spend
+    under results/ counts), then none: never more than 40 requests in flight at the server, the bill
+    (the canaries' left out) never past a budget, each run stopped within a request's worst case of it,
+    every prompt answered once."""
     work, model = workflow
-    server = Loopback("unused", api_key=api_key, faults=FaultPlan(latency_s=0.25))
+    server = Loopback("unused", api_key=api_key, faults=FaultPlan(latency_s=0.25), prices=PRICES)
+    budget = {"price_per_million": PRICES, "concurrency": 40}
     with serve_in_thread(server) as url:
-        write_config(work, model, url, 4, 400, concurrency=40, max_cost_usd=0.15)
+        write_config(work, model, url, 4, 400, max_cost_usd=0.10, **budget)
         first = responses(work, 4, check=False)
-        after_first = sum(answered(server).values())
-        write_config(work, model, url, 4, 400, concurrency=40, max_cost_usd=0.30)
+        after_first = server.billed - CANARY_COST
+        write_config(work, model, url, 4, 400, max_cost_usd=0.20, **budget)
         second = responses(work, 4, check=False)
-        after_second = sum(answered(server).values())
+        after_second = server.billed - 2 * CANARY_COST
         write_config(work, model, url, 4, 400, concurrency=40)
         responses(work, 4)
-    assert first.returncode != 0 and "inference.openrouter.max_cost_usd=0.15 reached" in first.stderr, first.stderr
-    assert second.returncode != 0 and "inference.openrouter.max_cost_usd=0.3 reached" in second.stderr, second.stderr
-    assert 150 <= after_first <= 150 + 40, after_first
-    assert 300 <= after_second <= 300 + 40, after_second
+    assert first.returncode != 0 and "the budget is reached" in first.stderr, first.stderr
+    assert second.returncode != 0 and "the budget is reached" in second.stderr, second.stderr
+    worst = (120 * PRICES["prompt"] + 64 * PRICES["completion"]) / 1e6  # above every request's here
+    assert 0.10 - worst < after_first <= 0.10, after_first
+    assert 0.20 - worst < after_second <= 0.20, after_second
     assert server.max_in_flight <= 40, server.max_in_flight
     counts = answered(server)
     assert len(counts) == 400 and set(counts.values()) == {1}, counts  # every prompt answered, none twice
@@ -120,7 +130,7 @@ def test_four_jobs_share_one_concurrency_and_one_budget(workflow, api_key):
     shares = shares_seen(work)
     assert max(jobs for _, jobs in shares) >= 2, shares  # jobs ran side by side, sharing
     print(
-        f"\nanswered {after_first} under $0.15 (150 worth), {after_second} under $0.30; max in flight "
+        f"\nbilled ${after_first:.4f} under $0.10, ${after_second:.4f} under $0.20; max in flight "
         f"{server.max_in_flight} of 40; shares seen {sorted(set(shares))}"
     )
 

@@ -527,7 +527,7 @@ def test_plan_counts_only_what_a_dry_run_would_regenerate(demo_dir, tmp_path):
     assert alpaca["disk"]["tokens_basis"].startswith("estimate") and alpaca["disk"]["shards_released"] is False
     assert set(alpaca["disk"]["export_bytes"]) == {"specforge", "speculators"}
     assert alpaca["disk"]["end_bytes"] == alpaca["disk"]["peak_bytes"]  # the demo keeps its shards
-    assert alpaca["hidden_gpu_hours"] == pytest.approx(tokens / 1000 / 3600)  # the forward passes: the slower side
+    assert alpaca["hidden_node_hours"] == pytest.approx(tokens / 1000 / 3600)  # the forward passes: the slower side
     assert alpaca["capture_rate"]["bound_by"] == "gpu" and plan["exceeds_free_disk"] is False
     # one hidden-state job, one capture load; no launched server in the demo
     assert plan["loads"]["capture_runner"]["loads"] == 1 and plan["loads"]["generation_server"]["loads"] == 0

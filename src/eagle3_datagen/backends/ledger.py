@@ -5,10 +5,19 @@ One ledger per endpoint (backend and model), `results/.ledger/<endpoint>/ledger.
 job reads and rewrites in place, whole, under an exclusive POSIX record lock (`fcntl.lockf`) a few
 times a second. It holds:
 - `jobs`: each live job's host (hostname and boot id), pid and the pid's start time, a heartbeat
-  counter, the conversations it still wants to run and the concurrency it claims;
-- `shards`: the spend (dollars, prompt + completion tokens) recorded in each shard's journal or output;
+  counter, the conversations it still wants to run, the concurrency it claims, and `reserved`: the worst
+  case of its requests in flight (`reserve`, `settle`);
+- `shards`: the spend (dollars, prompt + completion tokens) recorded in each shard's journal or output,
+  failed rows' paid turns included;
 - `stop`: set by a job whose answer says no request can succeed any more (a bad key, no credits, a
   refused parameter): every job stops starting requests, and later jobs start none.
+
+Under a budget, a request is sent only once its worst case (`reserve`: its prompt and max tokens at the
+price) fits beside the run's spend and every live job's reservations, checked and written under the
+lock in one step; its answer (or failure) replaces the reservation by what it cost (`settle`), again in
+one step. So the run's recorded spend plus what is in flight never passes the budget by more than the
+reservations' error (an answer that costs more than its worst case). A killed job's reservations leave
+with it, once it is found dead.
 
 A job's claim only ever grows into what the live jobs' claims leave free, so the claims never add up
 to more than the endpoint's concurrency, and a job never has more conversations in flight than it
@@ -25,7 +34,11 @@ revalidates on lock, so a reader under the lock sees the last writer's bytes, wh
 through another client's attribute cache does not promise. What it needs: POSIX locks that hold
 across the nodes sharing the file (local disks; NFSv3 with lockd, NFSv4; Lustre mounted with
 `flock`; GPFS; BeeGFS with global locks). A filesystem that refuses the lock stops the job saying
-so; Lustre's `localflock` grants locks that hold on one node only, which no program can detect.
+so. One that grants locks holding on one node only (NFS mounted `nolock` or `local_lock=all|posix`,
+Lustre mounted `localflock`) says so only in its mount options: `node_local_locks` reads them from
+/proc/self/mountinfo, and the preflight refuses a run whose API jobs span nodes there
+(workflow/preflight.ledger_problems); `locks_exclude` checks that a lock taken by one process keeps
+another out.
 """
 
 from __future__ import annotations
@@ -38,6 +51,8 @@ import logging
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +98,18 @@ class Synced:
     total: Spend  # the run's spend on the endpoint, this job's as it just wrote it included
     stop: str | None  # why the run was stopped, or None
     jobs: int  # live jobs on the endpoint, this one included
+    reserved: Spend = Spend()  # the live jobs' reservations, this job's included
+    own: Spend = Spend()  # this job's shard's spend as written (its first look: more than it said, see `sync`)
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """What `reserve` found: whether the request's worst case was reserved, the run's spend and the live
+    jobs' reservations (this job's included, the new one not)."""
+
+    held: bool
+    total: Spend
+    reserved: Spend
 
 
 class LedgerError(RuntimeError):
@@ -134,11 +161,21 @@ class Ledger:
     """One job's place in an endpoint's ledger. Every method takes the lock; calls from several threads
     of the job are serialized (POSIX locks belong to the process, so the process must not race itself)."""
 
-    def __init__(self, directory: str | Path, backend: str, model: str, shard: str, concurrency: int | None):
-        """`directory`: the run's ledgers (results/.ledger), whose parent is the results folder spend is
-        counted in; `shard`: this job's output path; `concurrency`: the endpoint's, shared among its jobs
-        (None: only the budget and the stop are shared)."""
+    def __init__(
+        self,
+        directory: str | Path,
+        backend: str,
+        model: str,
+        shard: str,
+        concurrency: int | None,
+        results: str | Path | None = None,
+    ):
+        """`directory`: the run's ledgers (inference.ledger_dir); `shard`: this job's output path;
+        `concurrency`: the endpoint's, shared among its jobs (None: only the budget and the stop are
+        shared); `results`: the folder whose journals and stats a new ledger counts the spend of (None:
+        the directory's parent, results/ for results/.ledger)."""
         self.root = Path(directory)
+        self.results = Path(results) if results is not None else self.root.parent
         self.path = self.root / endpoint_key(backend, model) / "ledger.json"
         self.backend, self.model = backend, model
         self.shard = os.path.normpath(shard)
@@ -189,7 +226,7 @@ class Ledger:
             state = None
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             state = {"format": FORMAT, "endpoint": {"backend": self.backend, "model": self.model}}
-            state["shards"] = recorded_spend(self.root.parent, self.backend, self.model)
+            state["shards"] = recorded_spend(self.results, self.backend, self.model)
             state["jobs"], state["stop"] = {}, None
         return state
 
@@ -215,18 +252,69 @@ class Ledger:
             return True
         return now - since < STALE_S
 
-    def sync(self, in_flight: int, wanted: int, spent: Spend, now: float, first: bool = False) -> Synced:
-        """Write this job's heartbeat, want and spend; drop dead jobs; take this job's share of the
-        concurrency (`in_flight`: its conversations in flight; `wanted`: those and the ones it has left;
+    def _drop_dead(self, jobs: dict, now: float) -> None:
+        for job_id in [j for j in jobs if j != self.me]:
+            if not self._alive(job_id, jobs[job_id], now):
+                gone = jobs.pop(job_id)
+                self._seen.pop(job_id, None)
+                log.info(
+                    "ledger: job %s (%s) is gone; its %s slots and its reservations (%s) return",
+                    job_id,
+                    gone["shard"],
+                    gone["claim"],
+                    gone.get("reserved") or Spend().as_dict(),
+                )
+
+    @staticmethod
+    def _totals(state: dict) -> tuple[Spend, Spend]:
+        """The run's recorded spend, and the live jobs' reservations."""
+        total = sum((Spend.of(entry) for entry in state["shards"].values()), Spend())
+        return total, sum((Spend.of(job.get("reserved") or {}) for job in state["jobs"].values()), Spend())
+
+    def _mine(self, state: dict, reserved: Spend, spent: Spend) -> None:
+        """Write this job's reservations and its shard's spend (its entry is written by `sync`, which every
+        job does first; one another host took for dead, and dropped, is written again at the next sync)."""
+        if self.me in state["jobs"]:
+            state["jobs"][self.me]["reserved"] = reserved.as_dict()
+        state["shards"][self.shard] = spent.as_dict()
+
+    def reserve(self, worst: Spend, reserved: Spend, spent: Spend, fits, now: float) -> Reserved:
+        """Reserve a request's `worst` case if the run's spend, the live jobs' reservations (this job's
+        `reserved` before this one) and it together still `fits` (a test of a Spend: the budgets); with
+        this job's shard's `spent`. Dead jobs are dropped first: their reservations return."""
+        with self._locked() as state:
+            self._drop_dead(state["jobs"], now)
+            self._mine(state, reserved, spent)
+            total, held = self._totals(state)
+            if fits(total + held + worst):
+                self._mine(state, reserved + worst, spent)
+                return Reserved(True, total, held)
+            return Reserved(False, total, held)
+
+    def settle(self, reserved: Spend, spent: Spend) -> None:
+        """A request came back: this job's reservations without it, and its shard's spend with what it cost."""
+        with self._locked() as state:
+            self._mine(state, reserved, spent)
+
+    def sync(
+        self, in_flight: int, wanted: int, spent: Spend, now: float, first: bool = False, reserved: Spend = Spend()
+    ) -> Synced:
+        """Write this job's heartbeat, want, spend and reservations; drop dead jobs; take this job's share of
+        the concurrency (`in_flight`: its conversations in flight; `wanted`: those and the ones it has left;
         `spent`: its shard's whole spend, earlier runs' rows included). `first`: the job's first look,
-        which also drops the spend of shards whose journal and output are both gone."""
+        which also drops the spend of shards whose journal and output are both gone, and keeps what the
+        ledger holds for this shard where it is more than `spent`: turns a killed job of the shard settled
+        but never journaled (its conversations were cut), which were paid all the same."""
         with self._locked() as state:
             jobs, shards = state["jobs"], state["shards"]
-            for job_id in [j for j in jobs if j != self.me]:
-                if not self._alive(job_id, jobs[job_id], now):
-                    gone = jobs.pop(job_id)
-                    self._seen.pop(job_id, None)
-                    log.info("ledger: job %s (%s) is gone; its %s slots return", job_id, gone["shard"], gone["claim"])
+            self._drop_dead(jobs, now)
+            if first and self.shard in shards and _recorded(self.shard):
+                before = Spend.of(shards[self.shard])
+                if before.cost > spent.cost or before.tokens > spent.tokens:
+                    log.info(
+                        "ledger: %s paid for turns a killed job never journaled: %s kept", self.shard, before - spent
+                    )
+                    spent = Spend(max(before.cost, spent.cost), max(before.tokens, spent.tokens))
             if first:
                 live_shards = {job["shard"] for job in jobs.values()} | {self.shard}
                 for shard in [s for s in shards if s not in live_shards and not _recorded(s)]:
@@ -249,10 +337,11 @@ class Ledger:
                 "beat": self._beat,
                 "want": min(wanted, self.concurrency or wanted),
                 "claim": claim if claim is not None else mine["claim"],
+                "reserved": reserved.as_dict(),
             }
             shards[self.shard] = spent.as_dict()
-            total = sum((Spend.of(entry) for entry in shards.values()), Spend())
-            return Synced(limit, total, (state.get("stop") or {}).get("reason"), len(jobs))
+            total, held = self._totals(state)
+            return Synced(limit, total, (state.get("stop") or {}).get("reason"), len(jobs), held, spent)
 
     def stop_run(self, reason: str) -> None:
         """Stop every job of the endpoint: no request can succeed (the reason names the provider's answer)."""
@@ -286,8 +375,9 @@ def _recorded(shard: str) -> bool:
 
 
 def recorded_spend(results: Path, backend: str, model: str) -> dict[str, dict]:
-    """The spend every shard of the endpoint has recorded under `results`: a finished shard's stats, an
-    unfinished one's journal (the rows it kept). Read once, when the ledger is made."""
+    """The spend every shard of the endpoint has recorded under `results`: a finished shard's stats (its
+    `spent`: every turn its journal paid for), an unfinished one's journal (every turn it records, failed
+    rows' included). Read once, when the ledger is made."""
     spend: dict[str, dict] = {}
     for stats in sorted(results.glob("*/responses/*.stats.json")):
         with contextlib.suppress(OSError, ValueError):
@@ -296,7 +386,9 @@ def recorded_spend(results: Path, backend: str, model: str) -> dict[str, dict]:
                 usage = recorded.get("usage") or {}
                 tokens = int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
                 out = stats.with_name(stats.name.removesuffix(".stats.json") + ".jsonl.zst")
-                spend[os.path.normpath(out)] = {"cost": float(usage.get("cost", 0.0)), "tokens": tokens}
+                # stats written before `spent` existed: the output's rows
+                spent = recorded.get("spent") or {"cost": float(usage.get("cost", 0.0)), "tokens": tokens}
+                spend[os.path.normpath(out)] = Spend.of(spent).as_dict()
     for journal in sorted(results.glob("*/responses/.*.journal.jsonl")):
         out = os.path.normpath(journal.with_name(journal.name.removeprefix(".").removesuffix(".journal.jsonl")))
         if out not in spend and not Path(out).exists():
@@ -305,3 +397,85 @@ def recorded_spend(results: Path, backend: str, model: str) -> dict[str, dict]:
                 if found is not None:
                     spend[out] = found
     return spend
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One line of /proc/self/mountinfo (proc(5)): where it is mounted, its type and source, and its
+    per-mount and superblock options together."""
+
+    point: str
+    fstype: str
+    source: str
+    options: frozenset[str]
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """Each line: ID, parent ID, major:minor, root, mount point, mount options, optional fields, "-",
+    filesystem type, source, superblock options; a space in a path is written \\040 (octal)."""
+    mounts = []
+    for line in text.splitlines():
+        before, sep, after = line.partition(" - ")
+        fields, rest = before.split(), after.split()
+        if not sep or len(fields) < 6 or len(rest) < 2:
+            continue
+        options = fields[5].split(",") + (rest[2].split(",") if len(rest) > 2 else [])
+        mounts.append(Mount(_unescape(fields[4]), rest[0], _unescape(rest[1]), frozenset(options)))
+    return mounts
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
+
+
+def mount_of(path: str | Path, mounts: list[Mount]) -> Mount | None:
+    """The mount `path` is on: the last mounted of those with the longest mount point above it."""
+    resolved = os.path.realpath(path)
+    found = None
+    for mount in mounts:
+        inside = resolved == mount.point or resolved.startswith(mount.point.rstrip("/") + "/")
+        if inside and (found is None or len(mount.point) >= len(found.point)):
+            found = mount
+    return found
+
+
+def node_local_locks(mount: Mount) -> str | None:
+    """The mount option under which the mount's POSIX locks hold on this node only, or None. NFS: `nolock`
+    (no lockd: locks are the client's own; nfs(5): it overrides local_lock) or `local_lock=all|posix`;
+    Lustre: `localflock` (mount.lustre(8): client-local locks)."""
+    if mount.fstype in ("nfs", "nfs4"):
+        return next((o for o in ("nolock", "local_lock=all", "local_lock=posix") if o in mount.options), None)
+    if mount.fstype == "lustre" and "localflock" in mount.options:
+        return "localflock"
+    return None
+
+
+# A child process takes the lock, says so, and holds it until its stdin closes.
+_HOLD = (
+    "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o666); "
+    "fcntl.lockf(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()"
+)
+
+
+def locks_exclude(directory: str | Path) -> bool:
+    """Whether a POSIX lock one process holds on a file in `directory` keeps another process out (a
+    filesystem whose locks do nothing grants both)."""
+    probe = Path(directory) / f".lock-check-{os.getpid()}"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(probe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        if holder.stdout.readline().strip() != "held":
+            return False
+        fd = os.open(probe, os.O_RDWR)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            return e.errno in (errno.EACCES, errno.EAGAIN)
+        finally:
+            os.close(fd)
+        return False
+    finally:
+        holder.stdin.close()
+        holder.wait()
+        probe.unlink(missing_ok=True)

@@ -13,6 +13,10 @@ kept, the journal rewritten with them under the new fingerprint. The journal sta
 when the shard is done (Snakemake deletes a job's outputs before it runs it again; the journal is no
 output). The header says when the journal was begun (`started`). A line torn by `kill -9` is cut off when the
 journal is reopened. `read_journal` reads one while its job appends (the live status).
+
+What the shard paid (`Journal.spent`, `journal_spend`) is every line's turns, a failed row's and one a
+later line replaced included (each was paid for), plus the header's `carried`: the spend of the rows a
+rewrite under raised length limits left out. A journal moved aside (other settings) takes its spend along.
 """
 
 from __future__ import annotations
@@ -39,6 +43,14 @@ def journal_path(out_path: str | Path) -> Path:
     return out_path.with_name(f".{out_path.name}.journal.jsonl")
 
 
+def usage_spend(usage: dict | None) -> tuple[float, int]:
+    """The dollars and prompt + completion tokens one answered request's usage says it cost, with what its
+    earlier cut attempts were billed (`lost_*`)."""
+    usage = usage or {}
+    tokens = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0) + usage.get("lost_tokens", 0)
+    return (usage.get("cost") or 0.0) + usage.get("lost_cost", 0.0), tokens
+
+
 def row_spend(row: dict) -> tuple[float, int]:
     """The dollars and prompt + completion tokens a row's regenerated turns cost, with what its failed
     requests were billed (a turn's `lost_*`, a failed row's `lost`)."""
@@ -46,23 +58,29 @@ def row_spend(row: dict) -> tuple[float, int]:
     cost, tokens = lost.get("cost", 0.0), lost.get("tokens", 0)
     for message in row["messages"]:
         if message["role"] == "assistant":
-            usage = message.get("usage") or {}
-            tokens += usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0) + usage.get("lost_tokens", 0)
-            cost += (usage.get("cost", 0.0) or 0.0) + usage.get("lost_cost", 0.0)
+            turn_cost, turn_tokens = usage_spend(message.get("usage"))
+            cost, tokens = cost + turn_cost, tokens + turn_tokens
     return cost, tokens
 
 
-def _parse(path: str | Path) -> tuple[dict, dict[str, dict], int]:
-    """(header, every row by id (a later line for an id replaces an earlier one), bytes of complete lines):
-    a torn or half-written last line left out."""
+def _parse(path: str | Path) -> tuple[dict, dict[str, dict], int, tuple[float, int]]:
+    """(header, every row by id (a later line for an id replaces an earlier one), bytes of complete lines,
+    the spend of every line and the header's `carried`): a torn or half-written last line left out.
+
+    Every line was paid for, a failed row or one a later line replaced too: the spend counts them all."""
     data = Path(path).read_bytes()
     complete = data[: data.rfind(b"\n") + 1]
     lines = complete.splitlines()
+    header = orjson.loads(lines[0]) if lines else {}
+    carried = header.get("carried") or {}
+    cost, tokens = carried.get("cost", 0.0), carried.get("tokens", 0)
     rows = {}
     for line in lines[1:]:
         row = orjson.loads(line)
         rows[row["id"]] = row
-    return (orjson.loads(lines[0]) if lines else {}), rows, len(complete)
+        row_cost, row_tokens = row_spend(row)
+        cost, tokens = cost + row_cost, tokens + row_tokens
+    return header, rows, len(complete), (cost, tokens)
 
 
 def kept(row: dict) -> bool:
@@ -70,24 +88,24 @@ def kept(row: dict) -> bool:
     return row["status"] != "failed" or row.get("asked", 0) >= ASKS_PER_REFUSAL
 
 
-def _read(path: Path) -> tuple[dict, dict[str, dict], dict[str, int], int]:
+def _read(path: Path) -> tuple[dict, dict[str, dict], dict[str, int], int, tuple[float, int]]:
     """`_parse` split into the rows a rerun keeps and, for the refused prompts it asks again, how many runs
     asked each."""
-    header, rows, complete = _parse(path)
+    header, rows, complete, spent = _parse(path)
     refused = {k: r["asked"] for k, r in rows.items() if not kept(r) and r.get("asked")}
-    return header, {k: r for k, r in rows.items() if kept(r)}, refused, complete
+    return header, {k: r for k, r in rows.items() if kept(r)}, refused, complete, spent
 
 
 def journal_spend(path: Path, backend: str, model: str) -> dict | None:
-    """The spend of a journal's kept rows, if it exists and was written by `backend` for `model`."""
+    """The spend of every turn a journal records (failed rows' paid turns included), if it exists and was
+    written by `backend` for `model`."""
     if not path.exists():
         return None
-    header, rows, _, _ = _read(path)
+    header, _, _, (cost, tokens) = _parse(path)
     fingerprint = orjson.loads(header.get("fingerprint") or "{}")
     if (fingerprint.get("backend"), fingerprint.get("model")) != (backend, model):
         return None
-    cost = sum(row_spend(row)[0] for row in rows.values())
-    return {"cost": round(cost, 9), "tokens": sum(row_spend(row)[1] for row in rows.values())}
+    return {"cost": round(cost, 9), "tokens": tokens}
 
 
 class Journal:
@@ -103,6 +121,8 @@ class Journal:
         self.fingerprint = fingerprint
         self.rows: dict[str, dict] = {}
         self.refused_asks: dict[str, int] = {}  # a refused prompt asked again: how many runs asked it before
+        # What every turn the journal records cost (failed rows', and those a rewrite left out, included).
+        self.spent: tuple[float, int] = (0.0, 0)
         self._load(still_valid)
         self._file = self.path.open("ab")
 
@@ -110,7 +130,7 @@ class Journal:
         if not self.path.exists():
             self._start([])
             return
-        header, rows, refused, complete = _read(self.path)
+        header, rows, refused, complete, spent = _read(self.path)
         if header.get("format") == FORMAT and header.get("fingerprint") != self.fingerprint:
             valid = still_valid(header.get("fingerprint") or "{}")
             if valid is not None:
@@ -122,7 +142,7 @@ class Journal:
                     len(kept),
                     len(rows),
                 )
-                self._start(kept)
+                self._start(kept, carried=spent)  # the same endpoint paid for the rows left out
                 return
         if header.get("format") != FORMAT or header.get("fingerprint") != self.fingerprint:
             stale = self.path.with_name(self.path.name + ".stale")
@@ -135,23 +155,31 @@ class Journal:
             log.warning("%s: cut a torn last line (%d bytes) left by a killed run", self.path, size - complete)
             with self.path.open("r+b") as f:
                 f.truncate(complete)
-        self.rows, self.refused_asks = rows, refused
+        self.rows, self.refused_asks, self.spent = rows, refused, spent
         log.info("%s: %d answered rows from earlier runs", self.path, len(self.rows))
 
-    def _start(self, rows: list[dict]) -> None:
-        """A fresh journal holding `rows`, written whole under a temporary name and renamed into place."""
+    def _start(self, rows: list[dict], carried: tuple[float, int] = (0.0, 0)) -> None:
+        """A fresh journal holding `rows` (some of the journal it replaces, whose spend was `carried`: the
+        rows left out stay counted in the header), written whole under a temporary name and renamed."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        lines = [orjson.dumps({"format": FORMAT, "fingerprint": self.fingerprint, "started": time.time()})]
-        lines += [orjson.dumps(row) for row in rows]
+        kept = [row_spend(row) for row in rows]
+        left_out = (carried[0] - sum(c for c, _ in kept), carried[1] - sum(t for _, t in kept))
+        header = {"format": FORMAT, "fingerprint": self.fingerprint, "started": time.time()}
+        if left_out[0] > 0 or left_out[1] > 0:
+            header["carried"] = {"cost": round(left_out[0], 9), "tokens": left_out[1]}
+        lines = [orjson.dumps(header), *(orjson.dumps(row) for row in rows)]
         partial = self.path.with_name(self.path.name + ".partial")
         partial.write_bytes(b"\n".join(lines) + b"\n")
         os.replace(partial, self.path)
         self.rows = {row["id"]: row for row in rows}
+        self.spent = carried
 
     def append(self, row: dict) -> None:
         self._file.write(orjson.dumps(row) + b"\n")
         self._file.flush()
         self.rows[row["id"]] = row
+        cost, tokens = row_spend(row)
+        self.spent = (self.spent[0] + cost, self.spent[1] + tokens)
 
     def close(self) -> None:
         self._file.close()
@@ -161,5 +189,5 @@ def read_journal(path: str | Path) -> tuple[dict, dict[str, dict]]:
     """A journal as another process reads it while its job appends: its header (`started`: when the
     journal was begun, seconds since the epoch) and its finished rows by id (a later line for an id
     replaces an earlier one), the line being written left out. Nothing is changed."""
-    header, rows, _ = _parse(path)
+    header, rows, _, _ = _parse(path)
     return header, rows

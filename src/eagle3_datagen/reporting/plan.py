@@ -1,4 +1,4 @@
-"""What a run would cost, before it runs: prompts, tokens, dollars, GPU hours and disk.
+"""What a run would cost, before it runs: prompts, tokens, dollars, node-hours and disk.
 
 The partitions counted are the ones Snakemake's dry-run would regenerate (their responses,
 hidden-state or export jobs are scheduled), so the plan agrees with `snakemake -n`. Prompt tokens are
@@ -16,7 +16,7 @@ It also counts how often each big model loads in the planned run: the generation
 capture runner once on the node when any scheduled shard needs it (the node's shard jobs share it);
 under a cluster executor once per allocation (a group job, or a job outside any group); each load at
 `plan.load_seconds`, or what the services' load records (`formats/service_loads.py`) measured in earlier
-runs of the same model. GPU hours come from `plan.throughput`'s rates, or from what the smoke run
+runs of the same model. Node-hours come from `plan.throughput`'s rates, or from what the smoke run
 measured on the node for the same model (`formats/measured_rates.py`).
 """
 
@@ -32,10 +32,11 @@ from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, RESPONSE_RULES
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 from eagle3_datagen.formats import storage
-from eagle3_datagen.formats.files import iter_jsonl, read_json
+from eagle3_datagen.formats.files import iter_jsonl
 from eagle3_datagen.formats.measured_rates import RATES, read_rates
 from eagle3_datagen.formats.service_loads import read_loads
 from eagle3_datagen.workflow import disk
+from eagle3_datagen.workflow.job_resources import observed_completion_per_turn
 from eagle3_datagen.workflow.partitions import (
     inference_backend,
     prompt_partition,
@@ -123,8 +124,8 @@ class PartitionPlan:
     completion_tokens: int
     completion_basis: str
     cost_usd: float | None
-    generation_gpu_hours: float | None
-    hidden_gpu_hours: float | None
+    generation_node_hours: float | None
+    hidden_node_hours: float | None
     hidden_basis: str
     hidden_bytes: int  # the shards
     disk: dict = field(default_factory=dict)  # workflow/disk.PartitionBytes.as_dict: shards, exports, peak, end
@@ -163,15 +164,6 @@ def _has_tokenizer(directory: str) -> bool:
     return any((Path(directory) / name).is_file() for name in TOKENIZER_FILES)
 
 
-def _observed_completion_per_turn(partition: str, results: Path) -> float | None:
-    turns = tokens = 0
-    for path in sorted((results / partition / "responses").glob("*.stats.json")):
-        stats = read_json(path)
-        turns += stats.get("assistant_turns", 0)
-        tokens += stats.get("usage", {}).get("completion_tokens", 0)
-    return tokens / turns if turns else None
-
-
 def capture_rates(config: dict, per_token: int, prefill_tokens_per_s: float | None) -> dict:
     """The capture's tokens/s: the node's forward passes (`prefill_tokens_per_s`, `plan_rates`') and its CPU
     side, the capture job's cores (`resources.jobs.hidden_states.cpus_per_task`, less one per GPU rank) at
@@ -190,7 +182,7 @@ def capture_rates(config: dict, per_token: int, prefill_tokens_per_s: float | No
 
 def plan_rates(config: dict, logs: str | Path = "logs") -> dict:
     """Each rate of `plan.throughput` (tokens/s) and its basis: the smoke run's measurement on the node for
-    this model where there is one, else the config's (a rate neither gives is None: no GPU hours)."""
+    this model where there is one, else the config's (a rate neither gives is None: no node-hours)."""
     configured = config["plan"].get("throughput") or {}
     model = str(Path(config["model"]["path"]).resolve())  # as the smoke run records it
     measured = read_rates(logs, model) or {}
@@ -218,11 +210,11 @@ def plan_partition(
             prompts += 1
             user_turns += sum(m["role"] == "user" for m in prompt["messages"])
             prompt_tokens += len(render_ids(tokenizer, prompt["messages"], True, template_kwargs))
-    observed = _observed_completion_per_turn(partition, results)
+    observed = observed_completion_per_turn(partition, results)
     per_turn = observed if observed is not None else max_tokens
     completion = round(user_turns * per_turn)
     basis = f"observed {observed:.0f} per turn" if observed is not None else f"max tokens {max_tokens} per turn"
-    # no prices, no throughput: no cost, no GPU hours
+    # no prices, no throughput: no cost, no node-hours
     generation = GENERATION[backend]
     prices = generation.settings(config).get("price_per_million") if generation.priced else None
     cost = prompt_tokens / 1e6 * prices["prompt"] + completion / 1e6 * prices["completion"] if prices else None
@@ -247,8 +239,8 @@ def plan_partition(
         completion_tokens=completion,
         completion_basis=basis,
         cost_usd=cost,
-        generation_gpu_hours=(completion / generate_rate / 3600 if generate_rate and generation.on_node else None),
-        hidden_gpu_hours=tokens.tokens / capture_rate / 3600 if capture_rate else None,
+        generation_node_hours=(completion / generate_rate / 3600 if generate_rate and generation.on_node else None),
+        hidden_node_hours=tokens.tokens / capture_rate / 3600 if capture_rate else None,
         hidden_bytes=counted.shards,
         hidden_basis=f"{states.dtype}, {per_token} B/token; {'; '.join(counted.basis)}",
         disk=counted.as_dict(),
@@ -261,7 +253,7 @@ def plan_evaluation(config: dict, rows: list[PartitionPlan], rates: dict | None 
     partition and one on all of them together (twice each with `evaluate.baseline: original`),
     `evaluate.steps` SpecForge steps of `batch_size` samples each (a sample's tokens: the partition's
     mean), and up to `max_new_tokens` decoded per held-out prompt, each draft on its own held-out
-    prompts (the all-partitions draft on every one). GPU hours at `plan.throughput`'s rates: training at
+    prompts (the all-partitions draft on every one). Node-hours at `plan.throughput`'s rates: training at
     `train_tokens_per_s`, decoding at `generate_tokens_per_s` (an upper bound: speculative decoding
     commits several tokens per target step)."""
     if "evaluate" not in config or not rows:
@@ -288,7 +280,7 @@ def plan_evaluation(config: dict, rows: list[PartitionPlan], rates: dict | None 
         "training_tokens": train_tokens,
         "decoded_tokens": decoded_tokens,
         # no rate, no hours
-        "gpu_hours": train_tokens / train_rate / 3600 + decoded_tokens / generate_rate / 3600
+        "node_hours": train_tokens / train_rate / 3600 + decoded_tokens / generate_rate / 3600
         if train_rate and generate_rate
         else None,
     }
@@ -323,7 +315,7 @@ def make_plan(
         key: sum(getattr(r, key) for r in rows)
         for key in ("prompts", "user_turns", "prompt_tokens", "completion_tokens", "hidden_bytes")
     }
-    for key in ("cost_usd", "generation_gpu_hours", "hidden_gpu_hours"):  # None where nothing applies
+    for key in ("cost_usd", "generation_node_hours", "hidden_node_hours"):  # None where nothing applies
         known = [getattr(r, key) for r in rows if getattr(r, key) is not None]
         total[key] = sum(known) if known else None
     for key in ("tokens", "bf16_bytes", "peak_bytes", "end_bytes"):
@@ -369,19 +361,19 @@ def _fmt(value, unit: str = "") -> str:
 
 
 def format_plan(plan: dict) -> str:
-    header = "| partition | backend | prompts | prompt tokens | completion tokens (basis) | cost | gen GPU h | hidden GPU h | hidden bytes (basis) |"  # noqa: E501
+    header = "| partition | backend | prompts | prompt tokens | completion tokens (basis) | cost | gen node-h | hidden node-h | hidden bytes (basis) |"  # noqa: E501
     lines = [header, "|---|---|---|---|---|---|---|---|---|"]
     for r in plan["partitions"]:
         lines.append(
             f"| {r['partition']} | {r['backend']} | {_fmt(r['prompts'])} | {_fmt(r['prompt_tokens'])} | "
             f"{_fmt(r['completion_tokens'])} ({r['completion_basis']}) | {_fmt(r['cost_usd'], '$')} | "
-            f"{_fmt(r['generation_gpu_hours'])} | {_fmt(r['hidden_gpu_hours'])} | "
+            f"{_fmt(r['generation_node_hours'])} | {_fmt(r['hidden_node_hours'])} | "
             f"{_fmt(r['hidden_bytes'], 'bytes')} ({r['hidden_basis']}) |"
         )
     t = plan["total"]
     lines.append(
         f"| **total** | | {_fmt(t['prompts'])} | {_fmt(t['prompt_tokens'])} | {_fmt(t['completion_tokens'])} | "
-        f"{_fmt(t['cost_usd'], '$')} | {_fmt(t['generation_gpu_hours'])} | {_fmt(t['hidden_gpu_hours'])} | "
+        f"{_fmt(t['cost_usd'], '$')} | {_fmt(t['generation_node_hours'])} | {_fmt(t['hidden_node_hours'])} | "
         f"{_fmt(t['hidden_bytes'], 'bytes')} |"
     )
     if plan.get("rates"):
@@ -397,11 +389,11 @@ def format_plan(plan: dict) -> str:
     if evaluation := plan.get("evaluation"):
         lines += [
             "",
-            "| evaluation | drafts | training steps | training tokens | decoded tokens | GPU h |",
+            "| evaluation | drafts | training steps | training tokens | decoded tokens | node-h |",
             "|---|---|---|---|---|---|",
             f"| evaluate | {evaluation['drafts']} | {_fmt(evaluation['training_steps'])} | "
             f"{_fmt(evaluation['training_tokens'])} | {_fmt(evaluation['decoded_tokens'])} | "
-            f"{_fmt(evaluation['gpu_hours'])} |",
+            f"{_fmt(evaluation['node_hours'])} |",
         ]
     lines += _disk_lines(plan)
     if not plan["partitions"]:
@@ -417,7 +409,7 @@ def format_plan(plan: dict) -> str:
         lines.append(
             f"\nWARNING: the exports or probes of {', '.join(plan['recapture'])} rerun, but their shards' parts were "
             "removed after the exports (hidden_states.keep_shards: false): the run stops before its first job. "
-            "Capturing them again costs the hidden GPU hours of a first run: delete results/<partition>/hidden "
+            "Capturing them again costs the hidden node-hours of a first run: delete results/<partition>/hidden "
             "and plan again to count them, or undo the change that reruns the exports"
         )
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from eagle3_datagen.backends.base import MissingApiKey, RequestFailed, RetryableError, StopRun
 from eagle3_datagen.backends.ledger import clear_stop
 from eagle3_datagen.workflow.preflight import Job, openrouter_partitions
-from eagle3_datagen.workflow.settings import LEDGER_DIR, merged, response_run_settings
+from eagle3_datagen.workflow.settings import merged, response_run_settings
 from eagle3_datagen.workflow.settings import response_settings as rule_settings
 
 QUESTION = [{"role": "user", "content": "Reply with the single word OK."}]
@@ -56,7 +56,7 @@ def check(config: dict, jobs: Iterable[Job], say: Callable[[str], None]) -> list
             "the run goes on (inference.max_failed_rate fails a shard whose prompts keep failing)"
         )
         return []
-    if clear_stop(LEDGER_DIR, backend.name, backend.model):
+    if clear_stop(config["inference"]["ledger_dir"], backend.name, backend.model):
         say(f"canary: cleared the stop an earlier run left in the ledger of {backend.model}")
     produced = turn.extra["produced_by"]
     say(

@@ -1,4 +1,5 @@
-"""What the jobs that read the states ask for, derived from the bytes they read: threads, mem_mb, runtime.
+"""What the jobs that read the states ask for, derived from the bytes they read: threads, mem_mb, runtime;
+and an API responses job's runtime, from the plan of its shard (`api_responses_minutes`).
 
 The export, probe and vocab rules call these (rules/common.smk). Snakemake evaluates a job's resources
 again once its inputs exist (before it runs or is submitted), so they follow the shards' own index.json
@@ -15,11 +16,15 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3_datagen.backends.base import generation_limit
+from eagle3_datagen.backends.plugins import GENERATION
 from eagle3_datagen.formats import storage
 from eagle3_datagen.formats.checkpoint import text_config
-from eagle3_datagen.formats.files import read_json
+from eagle3_datagen.formats.files import iter_jsonl, read_json
 from eagle3_datagen.formats.trainer_exports import EXPORTS
 from eagle3_datagen.workflow import disk
+from eagle3_datagen.workflow.partitions import inference_backend, shard_names
+from eagle3_datagen.workflow.settings import sampling_for
 
 DECODE_RATE = 516e6  # a shard's parts read back (zstd_planes; plain parts are faster)
 HEAD_FLOPS = 20e9  # the probe's LM head, bf16 matmul on one core
@@ -116,3 +121,47 @@ def vocab_job(config: dict, token_shards: list[str]) -> JobSize:
     size = sum(Path(p).stat().st_size for p in token_shards if Path(p).is_file())
     work = size / TOKEN_SHARD_RATE
     return JobSize(1, BASE_MB + math.ceil(_vocabulary(config) * 8 * 4 / 1e6), _minutes(work, 1))
+
+
+def observed_completion_per_turn(partition: str, results: str | Path = "results") -> float | None:
+    """The completion tokens per regenerated turn of the partition's finished response shards, if any."""
+    turns = tokens = 0
+    for path in sorted((Path(results) / partition / "responses").glob("*.stats.json")):
+        stats = read_json(path)
+        turns += stats.get("assistant_turns", 0)
+        tokens += stats.get("usage", {}).get("completion_tokens", 0)
+    return tokens / turns if turns else None
+
+
+def responses_minutes(config: dict, partition: str, prompts: str, results: str | Path = "results") -> int:
+    """The time limit of a responses job that no launched server answers: a priced API's from the plan
+    (`api_responses_minutes`), unless `resources.jobs.responses.api_runtime` sets it; any other's
+    `resources.jobs.responses.runtime`."""
+    jobs = config["resources"]["jobs"]["responses"]
+    if not GENERATION[inference_backend(config, partition)].priced:
+        return jobs["runtime"]
+    return jobs["api_runtime"] or api_responses_minutes(config, partition, prompts, results)
+
+
+def api_responses_minutes(config: dict, partition: str, prompts: str, results: str | Path = "results") -> int:
+    """An API responses job's runtime: the shard's user turns, each answered in its completion tokens (the
+    partition's observed mean, else the max tokens: an upper bound) at `api_answer_tokens_per_s`, over the
+    job's share of the endpoint's concurrency. Every API shard of the run is submitted at once and the
+    ledger splits the concurrency evenly among the live jobs, so a job's share is the concurrency over the
+    API shards: a job lives about as long as the whole generation. A shard not written yet (a dry-run)
+    counts as empty: the floor."""
+    backend = inference_backend(config, partition)
+    section = GENERATION[backend].settings(config)
+    turns = sum(
+        sum(m["role"] == "user" for m in prompt["messages"])
+        for _, prompt in (iter_jsonl(prompts) if Path(prompts).is_file() else ())
+    )
+    per_turn = observed_completion_per_turn(partition, results) or generation_limit(
+        section, sampling_for(config, backend)
+    )
+    api_shards = sum(
+        len(shard_names(config, p)) for p in config["partitions"] if GENERATION[inference_backend(config, p)].priced
+    )
+    share = section["concurrency"] / max(1, api_shards)
+    seconds = turns * per_turn / config["resources"]["jobs"]["responses"]["api_answer_tokens_per_s"]
+    return _minutes(seconds, share)

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3_datagen.backends import ledger
 from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, RESPONSE_RULES, SERVED_RESPONSE_RULE
 from eagle3_datagen.backends.sglang.server import launch_command
 from eagle3_datagen.config_schema import fill_defaults
@@ -352,6 +353,60 @@ def _released_problems(config: dict, jobs: list[Job], results: Path) -> list[str
                 "rerun; or leave what changed as it was, so that the exports stay up to date"
             )
     return found
+
+
+def ledger_problems(
+    config: dict,
+    jobs: Iterable[Job],
+    nodes: str | None,
+    remote_storage: str | None,
+    mountinfo: str | None = None,
+) -> list[str]:
+    """Where the run's ledger cannot share its limits among the scheduled responses jobs that use it (API
+    ones, or any under inference.token_budget). `nodes`: why those jobs may run on several nodes (a
+    cluster executor, resources.nodes > 1), None on one host; `remote_storage`: the default storage
+    provider (--default-storage-provider), None without one; `mountinfo`: /proc/self/mountinfo's text
+    (read here when None). On several nodes the ledger's directory must be one every job reaches, with
+    locks that hold across nodes; on one host, with locks that exclude at all."""
+    jobs = list(jobs)
+    users = openrouter_partitions(config, jobs)
+    if config["inference"].get("token_budget") is not None:
+        users = sorted({j.partition for j in jobs if j.rule in RESPONSE_RULES and j.partition})
+    if not users:
+        return []
+    directory = config["inference"]["ledger_dir"]
+    named = ", ".join(users)
+    fix = (
+        "set inference.ledger_dir to a directory every node mounts with locks that hold across nodes (NFS with "
+        "lockd or v4 without local_lock, Lustre mounted flock, GPFS), or run the API jobs on one host (a local "
+        "executor, resources.nodes: 1)"
+    )
+    if nodes and remote_storage and not Path(directory).is_absolute():
+        return [
+            f"inference.ledger_dir={directory} is relative, and under --default-storage-provider {remote_storage} "
+            f"the responses jobs of {named} ({nodes}) share no working directory: each node would keep its own "
+            f"ledger, and the run's concurrency and budget would hold per node. Fix: {fix}"
+        ]
+    # the directory itself may not exist yet (no job has run): its nearest existing folder is on its filesystem
+    existing = next(p for p in (Path(directory).absolute(), *Path(directory).absolute().parents) if p.is_dir())
+    if nodes:
+        mounts = ledger.parse_mountinfo(
+            mountinfo if mountinfo is not None else Path("/proc/self/mountinfo").read_text()
+        )
+        mount = ledger.mount_of(directory, mounts)
+        local = mount and ledger.node_local_locks(mount)
+        if local:
+            return [
+                f"inference.ledger_dir={directory} is on {mount.fstype} {mount.source} ({mount.point}) mounted "
+                f"{local}: its locks hold on one node only, and the responses jobs of {named} run on several "
+                f"({nodes}), so none would see the others' concurrency, budget or stop. Fix: {fix}"
+            ]
+    if not ledger.locks_exclude(existing):
+        return [
+            f"inference.ledger_dir={directory}: a POSIX lock one process holds there does not keep another out, "
+            f"so the responses jobs of {named} would not share their concurrency and budget. Fix: {fix}"
+        ]
+    return []
 
 
 def raise_or_warn(found: list[str], dry_run: bool, warn, error_type=RuntimeError) -> None:

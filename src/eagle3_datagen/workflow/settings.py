@@ -76,10 +76,6 @@ def dataset_settings(config: dict, partition: str) -> dict:
     return settings
 
 
-# The run's ledgers (backends/ledger.py): one per endpoint, shared by every responses job of the run.
-LEDGER_DIR = "results/.ledger"
-
-
 def response_run_settings(config: dict) -> dict:
     """What governs a responses job, for every backend (a job reads its own backend's), the GPUs a
     launched server's job step asks for under SLURM, and how it waits for their memory."""
@@ -89,7 +85,7 @@ def response_run_settings(config: dict) -> dict:
     return {
         "token_budget": inference.get("token_budget"),  # absent: no budget
         "max_failed_rate": inference["max_failed_rate"],
-        "ledger_dir": LEDGER_DIR,
+        "ledger_dir": inference["ledger_dir"],
         "gpus": config["resources"]["gpus_per_node"],
         "handover": config["resources"]["handover"],
         **run,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from pathlib import Path
 
 from eagle3_datagen.backends.base import MissingApiKey, ServerError, ServerGone
 from eagle3_datagen.backends.ledger import Ledger, LedgerError
@@ -19,9 +20,11 @@ class JobError(RuntimeError):
 
 
 def budgets_from(settings: dict) -> Budgets:
+    section = settings.get(settings["backend"]) or {}
     return Budgets(
         tokens=settings.get("token_budget"),
-        cost_usd=(settings.get(settings["backend"]) or {}).get("max_cost_usd"),
+        cost_usd=section.get("max_cost_usd"),
+        prices=section.get("price_per_million"),
     )
 
 
@@ -32,10 +35,11 @@ def ledger_for(settings: dict, backend, out: str) -> Ledger | None:
     directory = settings.get("ledger_dir")  # absent: a shard answered outside the workflow
     if directory is None:
         return None
+    results = Path(out).parents[2]  # results/<partition>/responses/<shard>
     if GENERATION[settings["backend"]].priced:
-        return Ledger(directory, backend.name, backend.model, out, backend.concurrency)
+        return Ledger(directory, backend.name, backend.model, out, backend.concurrency, results)
     if budgets_from(settings).any:
-        return Ledger(directory, backend.name, backend.model, out, None)
+        return Ledger(directory, backend.name, backend.model, out, None, results)
     return None
 
 

@@ -31,6 +31,7 @@ from eagle3_datagen.backends.base import (
     AsyncGenerationBackend,
     ConversationGroup,
     LockstepGroups,
+    Lost,
     RequestFailed,
     RetryableError,
     ServerGone,
@@ -38,13 +39,15 @@ from eagle3_datagen.backends.base import (
 )
 from eagle3_datagen.backends.ledger import Ledger, Spend
 from eagle3_datagen.formats.files import read_jsonl, write_json, write_jsonl_zst
-from eagle3_datagen.formats.journal import ASKS_PER_REFUSAL, Journal, journal_path, row_spend
+from eagle3_datagen.formats.journal import ASKS_PER_REFUSAL, Journal, journal_path, row_spend, usage_spend
 from eagle3_datagen.progress import Progress
 from eagle3_datagen.stages.responses.conversation import Conversation, response_stats, throughput
 from eagle3_datagen.stages.responses.limits import Budgets, Limits
 
 log = logging.getLogger(__name__)
 
+# A conversation the budget stopped between two turns: its row's error starts so.
+BUDGET_CUT = "budget: "
 # How many of the commonest failure reasons a failed job names.
 REASONS_SHOWN = 3
 # Container allocations between two young-generation collections while requests are in flight (Python's
@@ -61,19 +64,42 @@ class TooManyFailed(IncompleteRun):
     """More prompts failed than `max_failed_rate` allows; the journal keeps the answered ones."""
 
 
-async def _conversation(prompt: dict, backend: AsyncGenerationBackend, group: ConversationGroup | None) -> dict:
+async def _conversation(
+    prompt: dict, backend: AsyncGenerationBackend, group: ConversationGroup | None, limits: Limits
+) -> dict | None:
+    """The prompt's row, or None when the budget left no room for its first turn (nothing was paid: the
+    prompt is asked again by a rerun). Each request of an API backend (one with `max_tokens`; a lockstep
+    group's turns wait for each other and reserve nothing) reserves its worst case before it is sent and
+    settles to what it cost when it is back, answered or not."""
     conversation = Conversation(prompt)
     asker = group or backend
+    max_tokens = getattr(backend, "max_tokens", None) if group is None and limits.budgets.any else None
+    answered = 0
     while not conversation.done:
+        worst = (
+            limits.budgets.worst_case(conversation.messages, conversation.tools, max_tokens) if max_tokens else Spend()
+        )
+        if (reason := await limits.reserve(worst)) is not None:
+            if not answered:
+                return None
+            # its paid turns stay counted; a rerun asks again
+            conversation.fail(f"{BUDGET_CUT}{reason}", "budget", Lost())
+            break
+        cost = Spend()
         try:
             turn = await asker.generate(conversation.messages, conversation.tools)
+            cost = Spend(*usage_spend(turn.usage))
         except RequestFailed as e:
+            cost = Spend(e.lost.cost, e.lost.tokens)
             conversation.fail(e.reason, e.kind, e.lost, refused=True)
-            break
         except RetryableError as e:
+            cost = Spend(e.lost.cost, e.lost.tokens)
             conversation.fail(f"retries exhausted: {e.reason}", "retries_exhausted", e.lost)
-            break
-        conversation.add(turn)
+        else:
+            conversation.add(turn)
+            answered += 1
+        finally:
+            await limits.settle(worst, cost)
     if group is not None:
         await group.leave()
     return conversation.row(backend.name, backend.model)
@@ -99,11 +125,11 @@ async def regenerate_journaled(
     done = sum(prompt["id"] in journal.rows for prompt in prompts)
     progress = Progress(len(prompts), "prompts", log, done=done, interval=progress_interval)
 
-    async def answer(group: list[dict]) -> list[dict]:
+    async def answer(group: list[dict]) -> list[dict | None]:
         if not lockstep:
-            return [await _conversation(group[0], backend, None)]
+            return [await _conversation(group[0], backend, None, limits)]
         together = backend.group(len(group))
-        return list(await asyncio.gather(*(_conversation(prompt, backend, together) for prompt in group)))
+        return list(await asyncio.gather(*(_conversation(prompt, backend, together, limits) for prompt in group)))
 
     async def worker() -> None:
         while pending:
@@ -114,19 +140,18 @@ async def regenerate_journaled(
                 rows = await answer(group)
             except StopRun as e:
                 await limits.stop_run(str(e), run_wide=not isinstance(e, ServerGone))
-                await limits.release(Spend())
+                limits.release()
                 return
-            spent = Spend()
             for row in rows:
-                if row["id"] in journal.rows:  # journaled before a kill cut its group's journaling short
+                # None: the budget left no room to ask; journaled: before a kill cut its group's journaling short
+                if row is None or row["id"] in journal.rows:
                     continue
                 if "asked" in row:
                     row["asked"] += journal.refused_asks.get(row["id"], 0)
                 journal.append(row)
                 row_cost = Spend(*row_spend(row))
-                spent = spent + row_cost
                 progress.advance(tokens=row_cost.tokens, failed=row["status"] == "failed", cost=row_cost.cost)
-            await limits.release(spent)
+            limits.release()
 
     # A lockstep backend runs one group at a time: its batches are the groups'.
     workers = 1 if lockstep else max(1, min(backend.concurrency, len(pending)))
@@ -182,6 +207,10 @@ def _without(fingerprint: dict, keys: tuple[str, ...]) -> dict:
     return stripped
 
 
+def _cut_by_budget(row: dict) -> bool:
+    return row["status"] == "failed" and row.get("error", "").startswith(BUDGET_CUT)
+
+
 def failure_summary(shard, failed: list[dict], total: int) -> str:
     """How many prompts failed, per reason (the commonest first, each with one of its messages), in one line."""
     by_reason = collections.defaultdict(list)
@@ -214,14 +243,14 @@ def run_journaled_responses(
         lambda old: answers_still_valid(backend, fingerprint, old),
     )
     resumed, started = set(journal.rows), time.monotonic()
-    spent_before = sum((Spend(*row_spend(row)) for row in journal.rows.values()), Spend())
-    limits = Limits(budgets, backend.concurrency, spent_before, ledger)
+    limits = Limits(budgets, backend.concurrency, Spend(*journal.spent), ledger)
     try:
         with _collecting_young_every(YOUNG_COLLECTION_EVERY):
             stopped = asyncio.run(regenerate_journaled(prompts, backend, journal, limits, progress_interval))
     finally:
         journal.close()
-    missing = [p["id"] for p in prompts if p["id"] not in journal.rows]
+    # a conversation the budget cut between two turns is journaled (its turns were paid) but not done
+    missing = [p["id"] for p in prompts if p["id"] not in journal.rows or _cut_by_budget(journal.rows[p["id"]])]
     if missing:
         raise IncompleteRun(
             f"{prompts_path}: {len(prompts) - len(missing)} of {len(prompts)} prompts finished, {len(missing)} left"
@@ -240,6 +269,7 @@ def run_journaled_responses(
     stats = {"backend": backend.name, "model": backend.model, **response_stats(rows)}
     stats["throughput"] = throughput([r for r in rows if r["id"] not in resumed], time.monotonic() - started)
     stats["failed"] = {r["id"]: r["error"] for r in rows if r["status"] == "failed"}
+    stats["spent"] = Spend(*journal.spent).as_dict()  # every turn paid for: failed and replaced rows' too
     if provenance:
         stats["provenance"] = provenance
     write_json(stats_path, stats)

@@ -2,19 +2,22 @@
 leaves, and whether the run was stopped.
 
 With a ledger (`backends.ledger`, the workflow's jobs) these are the run's: the job looks at the
-ledger every `TICK_S` seconds (its heartbeat: its conversations in flight and left, its shard's spend)
-and takes its share. The budget is checked before each conversation against the run's spend as last
-seen plus this job's own since; near the end of a budget that view is refreshed before every
-conversation and after every answer (whose slot is free again only once the ledger holds its spend),
-so no conversation starts once the run's answers have reached the budget: at most the conversations
-in flight then (the endpoint's concurrency) finish past it. Without a ledger (a shard answered outside
-the workflow) they are the job's own.
+ledger every `TICK_S` seconds (its heartbeat: its conversations in flight and left, its shard's spend
+and reservations) and takes its share. Under a budget each request of an API backend reserves its
+worst case before it is sent (`reserve`: its prompt's bytes, an upper bound of its tokens, and the max
+tokens, at `price_per_million`), checked against the run's spend and every live job's reservations
+under the ledger's lock, and settles to what its answer cost once it is back (`settle`), so the run's
+spend never passes the budget by more than the reservations' error. A request whose worst case does
+not fit waits while anything is reserved (answers usually cost less than their worst case); with
+nothing reserved anywhere, the budget is reached. Without a ledger (a shard answered outside the
+workflow) they are the job's own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -24,19 +27,20 @@ from eagle3_datagen.backends.ledger import Ledger, Spend, Synced
 log = logging.getLogger(__name__)
 
 TICK_S = 0.5
-# Far from the budget a job trusts its last look at the ledger. The others' spend it has not seen yet
-# is taken as the larger of: the run's recent rate over this many ticks (seen late by a tick, written
-# late by one) times a margin, and an answer for every conversation the run may have in flight (a
-# burst of them coming back at once), at what this job's answers cost on average. Within that of the
-# budget, every start and answer looks again.
-UNSEEN_TICKS = 2
-RATE_MARGIN = 4.0
 
 
 @dataclass
 class Budgets:
     tokens: int | None = None  # prompt + completion tokens, over every run
     cost_usd: float | None = None
+    prices: dict | None = None  # USD per million prompt and completion tokens (price_per_million)
+
+    def __post_init__(self) -> None:
+        if self.cost_usd is not None and not self.prices:
+            raise ValueError(
+                "inference.openrouter.max_cost_usd needs inference.openrouter.price_per_million ({prompt: USD, "
+                "completion: USD} per million tokens): each request reserves its worst case at that price"
+            )
 
     def exceeded(self, spend: Spend, run_wide: bool) -> str | None:
         scope = "by the run" if run_wide else "by this shard"
@@ -46,11 +50,20 @@ class Budgets:
             return f"inference.openrouter.max_cost_usd={self.cost_usd} reached (${spend.cost:.4f} spent {scope})"
         return None
 
-    def near(self, spend: Spend, margin: Spend) -> bool:
-        """Whether `spend` is within `margin` of a budget."""
-        return (self.tokens is not None and spend.tokens + margin.tokens >= self.tokens) or (
-            self.cost_usd is not None and spend.cost + margin.cost >= self.cost_usd
+    def fits(self, committed: Spend) -> bool:
+        """Whether spend and reservations of `committed` stay within every budget."""
+        return (self.tokens is None or committed.tokens <= self.tokens) and (
+            self.cost_usd is None or committed.cost <= self.cost_usd
         )
+
+    def worst_case(self, messages: list[dict], tools: list[dict] | None, max_tokens: int) -> Spend:
+        """The most a request can cost: its prompt's tokens, at most the bytes of its messages and tools as
+        JSON (a byte-level BPE token is at least a byte; the JSON's keys and quotes outweigh the chat
+        template's few tokens per message), and `max_tokens` of answer (reasoning included), at the price."""
+        prompt = len(json.dumps([messages, tools], ensure_ascii=False).encode())
+        prices = self.prices or {}
+        cost = prompt * prices.get("prompt", 0.0) / 1e6 + max_tokens * prices.get("completion", 0.0) / 1e6
+        return Spend(cost, prompt + max_tokens)
 
     @property
     def any(self) -> bool:
@@ -58,25 +71,27 @@ class Budgets:
 
 
 class Limits:
-    """Slots for conversations (`acquire`/`release`), the budget and the stop, for one job's event loop."""
+    """Slots for conversations (`acquire`/`release`), the budget's reservations (`reserve`/`settle`) and the
+    stop, for one job's event loop."""
 
     def __init__(self, budgets: Budgets, concurrency: int, spent_before: Spend, ledger: Ledger | None = None):
         """`concurrency`: the job's own limit (the endpoint's, when the ledger shares it); `spent_before`:
-        the spend of the rows the shard's journal already holds."""
+        what the shard's journal already records (every turn it paid for)."""
         self.budgets = budgets
         self.ledger = ledger
         self.limit = concurrency if ledger is None or ledger.concurrency is None else 0
         self.in_flight = 0
         self.left = 0  # conversations not started yet (the driver sets it)
         self.spent = spent_before  # this shard's whole spend
-        self._spent_before, self._answers = spent_before, 0  # this run's answers: their spend, their count
+        self.reserved = Spend()  # the worst cases of this job's requests in flight
+        self._requests = 0  # how many they are (none: `reserved` is set to exactly none, no float residue)
         self.stopped: str | None = None
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self._seen = Synced(None, Spend(), None, 1)
         self._seen_own = spent_before
-        self._rates: collections.deque[tuple[float, Spend]] = collections.deque(maxlen=8)
-        self._sync_lock = asyncio.Lock()
-        self._syncs_started = 0
+        # Every write to the ledger: each passes this job's spend and reservations as they are, so none may
+        # overtake another (a look begun before a reservation would write it away).
+        self._ledger_lock = asyncio.Lock()
         self._ticker: asyncio.Task | None = None
         self._first = True
         self._seen_jobs = 0
@@ -101,18 +116,15 @@ class Limits:
             await self._sync()
 
     async def _sync(self) -> None:
-        async with self._sync_lock:
-            await self._sync_locked()
-
-    async def _sync_locked(self) -> None:
-        self._syncs_started += 1
-        spent, now = self.spent, time.monotonic()
-        seen = await asyncio.to_thread(
-            self.ledger.sync, self.in_flight, self.in_flight + self.left, spent, now, self._first
-        )
-        self._first = False
-        self._seen, self._seen_own = seen, spent
-        self._rates.append((now, seen.total))
+        async with self._ledger_lock:
+            spent, now = self.spent, time.monotonic()
+            seen = await asyncio.to_thread(
+                self.ledger.sync, self.in_flight, self.in_flight + self.left, spent, now, self._first, self.reserved
+            )
+            if self._first:
+                self.spent = spent = seen.own  # with what a killed job of the shard paid but never journaled
+            self._first = False
+            self._seen, self._seen_own = seen, spent
         if seen.stop and not self.stopped:
             self._stop(f"the run was stopped: {seen.stop}")
         if seen.limit is not None:
@@ -128,41 +140,57 @@ class Limits:
             self.limit, self._seen_jobs = seen.limit, seen.jobs
             self._wake()
 
-    async def _fresh(self) -> None:
-        """Return after a look at the ledger that began after this call: every look runs under the lock, so
-        once a caller holds it, each look begun before is done; callers waiting together share one."""
-        wanted = self._syncs_started + 1
-        async with self._sync_lock:
-            if self._syncs_started < wanted:
-                await self._sync_locked()
-
-    def _strict(self) -> bool:
-        """Near the end of a budget (or before the run's rate is known): look at the ledger at every start
-        and answer."""
-        if self.ledger is None or not self.budgets.any:
-            return False
-        margin = self._margin()
-        return margin is None or self.budgets.near(self.total(), margin)
-
-    def _margin(self) -> Spend | None:
-        """The others' spend this job may not have seen yet (None: not known before the run's rate and this
-        job's first answer)."""
-        if len(self._rates) < 2 or not self._answers:
-            return None
-        (t0, first), (t1, last) = self._rates[0], self._rates[-1]
-        window = UNSEEN_TICKS * TICK_S * RATE_MARGIN / max(t1 - t0, 1e-3)
-        grown = last - first
-        own = self.spent - self._spent_before
-        burst = (self.ledger.concurrency or self.limit * self._seen.jobs) / self._answers  # in flight, at most
-        return Spend(
-            max(grown.cost * window, own.cost * burst, 0.0), int(max(grown.tokens * window, own.tokens * burst, 0))
-        )
-
     def total(self) -> Spend:
-        """The spend the budget is held to: the run's as last seen, with this job's own since."""
+        """The run's spend as last seen, with this job's own since (without a ledger: this shard's)."""
         if self.ledger is None:
             return self.spent
         return self._seen.total + (self.spent - self._seen_own)
+
+    # -- the budget's reservations -----------------------------------------------------------------
+
+    async def reserve(self, worst: Spend) -> str | None:
+        """Before a request: hold its `worst` case against the budget; None once held, else why not (the
+        budget is reached, or the run stopped). Waits while others' reservations may return room."""
+        if not self.budgets.any or worst == Spend():
+            return None
+        while not self.stopped:
+            async with self._ledger_lock:
+                if self.ledger is None:
+                    held, total, reserved = (
+                        self.budgets.fits(self.spent + self.reserved + worst),
+                        self.spent,
+                        self.reserved,
+                    )
+                else:
+                    found = await asyncio.to_thread(
+                        self.ledger.reserve, worst, self.reserved, self.spent, self.budgets.fits, time.monotonic()
+                    )
+                    held, total, reserved = found.held, found.total, found.reserved
+                if held:
+                    self.reserved, self._requests = self.reserved + worst, self._requests + 1
+                    return None
+            if reserved.tokens == 0:  # nothing in flight anywhere (a reservation always holds tokens)
+                scope = "the run's" if self.ledger is not None else "this shard's"
+                reason = self.budgets.exceeded(total, self.ledger is not None) or (
+                    f"the budget is reached: {scope} ${total.cost:.4f} and {total.tokens} tokens spent leave too "
+                    f"little for a request's worst case (${worst.cost:.4f}, {worst.tokens} tokens; "
+                    "inference.openrouter.max_cost_usd, inference.token_budget)"
+                )
+                self._stop(reason)
+                return reason
+            await asyncio.sleep(TICK_S)
+        return self.stopped
+
+    async def settle(self, worst: Spend, cost: Spend) -> None:
+        """A request came back (an answer, a failure, a cut): its reservation, `worst`, is replaced by
+        what it `cost`, in the ledger in one step."""
+        async with self._ledger_lock:
+            if worst != Spend():
+                self._requests -= 1
+                self.reserved = self.reserved - worst if self._requests else Spend()
+            self.spent = self.spent + cost
+            if self.ledger is not None and worst != Spend():
+                await asyncio.to_thread(self.ledger.settle, self.reserved, self.spent)
 
     # -- the slots ---------------------------------------------------------------------------------
 
@@ -178,40 +206,25 @@ class Limits:
 
     async def acquire(self) -> str | None:
         """Wait for a slot to start a conversation in; None once it has one, else why none will come."""
-        while True:
-            while not self.stopped and self.left > 0 and self.in_flight >= self.limit:
-                waiter = asyncio.get_running_loop().create_future()
-                self._waiters.append(waiter)
-                await waiter
-            if self.stopped:
-                return self.stopped
-            if self.left <= 0:
-                return "every conversation has started"
-            if self.budgets.any:
-                run_wide = self.ledger is not None
-                reason = self.budgets.exceeded(self.total(), run_wide)
-                if reason is None and self._strict():
-                    await self._fresh()  # others may take slots meanwhile: all is looked at again below
-                    reason = self.stopped or self.budgets.exceeded(self.total(), run_wide)
-                if reason is not None:
-                    self._stop(reason)
-                    return reason
-                if self.left <= 0 or self.in_flight >= self.limit:
-                    continue
-            self.in_flight += 1
-            self.left -= 1
-            if self.left == 0:
-                self._wake()  # the workers still waiting for a slot have nothing to start
-            return None
+        while not self.stopped and self.left > 0 and self.in_flight >= self.limit:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+        if self.stopped:
+            return self.stopped
+        if self.left <= 0:
+            return "every conversation has started"
+        if self.budgets.any and (reason := self.budgets.exceeded(self.total(), self.ledger is not None)):
+            self._stop(reason)
+            return reason
+        self.in_flight += 1
+        self.left -= 1
+        if self.left == 0:
+            self._wake()  # the workers still waiting for a slot have nothing to start
+        return None
 
-    async def release(self, spent: Spend) -> None:
-        """A conversation ended, having cost `spent`."""
-        self.spent = self.spent + spent
-        self._answers += 1
-        if self._strict():
-            # Near the end of the budget its slot is given again only once the ledger holds its spend: a
-            # conversation counts against the budget or holds a slot, so at most `concurrency` run past it.
-            await self._fresh()
+    def release(self) -> None:
+        """A conversation ended (its turns' cost was settled as each came back)."""
         self.in_flight -= 1
         self._wake()
 
