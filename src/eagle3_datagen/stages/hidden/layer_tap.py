@@ -32,13 +32,15 @@ def layer_tap_path(out_dir: str | Path) -> Path:
     return out_dir.with_name(out_dir.name + SUFFIX)
 
 
-def decoder_stack(model: torch.nn.Module) -> torch.nn.Module:
-    """The module that holds the decoder layers (`layers`) and the final norm (`norm`): transformers'
-    `model.model`, SGLang's model class's `model` (or a wrapped language model's)."""
+def decoder_stack(model: torch.nn.Module, num_layers: int) -> torch.nn.Module:
+    """The module that holds the `num_layers` decoder layers (`layers`) and the final norm (`norm`):
+    transformers' `model.model`, SGLang's model class's `model` (or a wrapped language model's; a vision
+    tower's own layers are another count)."""
     for module in model.modules():
-        if isinstance(getattr(module, "layers", None), torch.nn.ModuleList) and hasattr(module, "norm"):
+        layers = getattr(module, "layers", None)
+        if isinstance(layers, torch.nn.ModuleList) and len(layers) == num_layers and hasattr(module, "norm"):
             return module
-    raise RuntimeError(f"{type(model).__name__}: no module with decoder `layers` and a final `norm`")
+    raise RuntimeError(f"{type(model).__name__}: no module with {num_layers} decoder `layers` and a final `norm`")
 
 
 def _stream(output) -> torch.Tensor:
@@ -110,7 +112,7 @@ def record_layers(capture, model: torch.nn.Module, samples: list[dict], count: i
 
     chosen = sorted(samples, key=lambda s: (len(s["input_ids"]), s["id"]))[:count]
     tensors: dict[str, torch.Tensor] = {}
-    with LayerTap(decoder_stack(model)) as tap, torch.inference_mode():
+    with LayerTap(decoder_stack(model, capture.num_layers)) as tap, torch.inference_mode():
         for sample in chosen:
             tap.positions = spread_positions(len(sample["input_ids"]))
             tap.taken.clear()
