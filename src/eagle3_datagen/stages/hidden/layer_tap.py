@@ -108,7 +108,7 @@ def record_layers(capture, model: torch.nn.Module, samples: list[dict], count: i
     module the capture loaded) and write every layer at a spread of positions to `path` (safetensors:
     `{id}/positions` and `{id}/{name}`), on the writer rank. Under tensor parallelism every rank calls
     this. Returns the samples' ids."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     chosen = sorted(samples, key=lambda s: (len(s["input_ids"]), s["id"]))[:count]
     tensors: dict[str, torch.Tensor] = {}
@@ -121,5 +121,5 @@ def record_layers(capture, model: torch.nn.Module, samples: list[dict], count: i
             tensors.update({f"{sample['id']}/{name}": t.contiguous() for name, t in tap.taken.items()})
     if capture.ranks.writer:
         with atomic_path(path) as tmp:
-            save_file(tensors, str(tmp))
+            tmp.write_bytes(save(tensors))  # save_file would leave the file 0600
     return [s["id"] for s in chosen]
