@@ -4,10 +4,12 @@
 One command, under five minutes on an H200 (prints a table, exits 1 on a mismatch):
   torchrun --standalone --nproc-per-node 1 scripts/gpu_check.py --launch --out gpu_check.json
 --nproc-per-node 2 (or more) checks tensor parallelism too. Without --model it builds a random
-Qwen3 (8 layers, hidden 512) with Qwen's tokenizer. Layers disagree when a token's cosine is below
-0.99 or the mean below 0.999; generation when a first token differs or under 90% of the prompts
-generate exactly hf's IDs. --launch starts `sglang.launch_server` on rank 0 after the capture;
---url checks a server already running instead. On a CPU: --device cpu --dtype float32 (the tests).
+Qwen3 (8 layers, hidden 512) with Qwen's tokenizer; the smoke run passes your model (--model, with
+--trust-remote-code where the config sets it) at resources.gpus_per_node ranks. Layers disagree
+when a token's cosine is below 0.99 or the mean below 0.999; generation when a first token differs
+or under 90% of the prompts generate exactly hf's IDs. --launch starts `sglang.launch_server` on
+rank 0 after the capture; --url checks a server already running instead. On a CPU: --device cpu
+--dtype float32 (the tests).
 """
 
 import logging
@@ -31,6 +33,9 @@ def main() -> None:
     p.add_argument("--url", help="compare this server's /generate with hf (default with --launch: port 30000)")
     p.add_argument("--launch", action="store_true", help="start sglang.launch_server for the /generate check")
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument(
+        "--trust-remote-code", action="store_true", help="the model's own code (the config's model.trust_remote_code)"
+    )
     p.add_argument("--out", help="write the per-layer numbers here as JSON")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
@@ -47,6 +52,7 @@ def main() -> None:
             url,
             launch_args,
             args.new_tokens,
+            args.trust_remote_code,
         )
     if records and args.out:
         write_json(args.out, {"ok": ok, "layers": records})

@@ -1,16 +1,19 @@
 #!/usr/bin/env python
-"""The smoke run: about an hour on the real node, from your own config, before the week's run.
+"""The smoke run: your own config on the real node before the week's run, its time said before it starts.
 
     python scripts/smoke.py --configfile my.yaml --profile profiles/gpu
 
-Runs and times, each said to PASS, FAIL or SKIP (with why): the GPU check (SGLang against hf on the
-node's GPUs); the workflow on one shard of at most --prompts prompts of one partition per backend, in
-smoke/ (the week's results are untouched); the probe (top-1 agreement at least 0.98 on greedy data);
-the auxiliary layers of a few samples against an independent transformers capture at the published
-layer convention (reversed layers, a missing final norm); a small SpecForge draft served with SGLang's
-EAGLE3 on a GPU node (on a CPU, the evaluate stage's transformers measurement); and the measured
-generation and capture tokens/s and model load seconds, written to logs/smoke/ where scripts/plan.py
-reads them. Exits 1 when a step fails. Run from the workflow directory.
+Prints its steps, the model loads of each and their estimated minutes (the plan's rates and load
+seconds), then runs and times them, each said to PASS, FAIL or SKIP (with why), each GPU step in a
+process of its own once the GPUs' memory is free: the GPU check (SGLang against hf on your model, at
+resources.gpus_per_node ranks); the workflow on one shard of at most --prompts prompts of one partition
+per backend, greedy, in smoke/ (the week's results are untouched); the probe (top-1 agreement at least
+0.98 on greedy data); the auxiliary layers and final slot of --samples samples against every layer the
+capture runner's hooks recorded (reversed layers, a layer one off, a missing final norm; no second
+model load); a small SpecForge draft served with SGLang's EAGLE3 on a GPU node (on a CPU, the evaluate
+stage's transformers measurement); and the measured generation and capture tokens/s and model load
+seconds, written to logs/smoke/ where scripts/plan.py (and the next smoke run's estimate) reads them.
+Exits 1 when a step fails. Run from the workflow directory.
 """
 
 import sys
@@ -20,7 +23,14 @@ import yaml
 
 from eagle3_datagen import cli
 from eagle3_datagen.config_schema import fill_defaults
-from eagle3_datagen.diagnostics.smoke import Smoke, SmokeError, prepare, smoke_config, smoke_partitions
+from eagle3_datagen.diagnostics.smoke import (
+    Smoke,
+    SmokeError,
+    planned_steps,
+    prepare,
+    smoke_config,
+    smoke_partitions,
+)
 
 
 def main() -> None:
@@ -29,18 +39,20 @@ def main() -> None:
     p.add_argument("--profile", default="profiles/gpu", help="your run's profile (default: profiles/gpu)")
     p.add_argument("--prompts", type=int, default=200, help="prompts per smoke partition (default: 200)")
     p.add_argument("--partitions", nargs="+", help="the partitions to run (default: the first of each backend)")
-    p.add_argument("--samples", type=int, default=4, help="samples whose layers are checked (default: 4)")
+    p.add_argument("--samples", type=int, default=4, help="samples a shard whose layers are checked (default: 4)")
     p.add_argument("--work", default="smoke", help="the smoke run's directory (default: smoke; emptied first)")
     args = p.parse_args()
     root = Path.cwd()
     if not (root / "Snakefile").exists():
         p.error("run it from the workflow directory (where the Snakefile is)")
     config = fill_defaults(yaml.safe_load(Path(args.configfile).read_text()))
-    smoke = smoke_config(config, smoke_partitions(config, args.partitions), args.prompts, root)
+    smoke = smoke_config(config, smoke_partitions(config, args.partitions), args.prompts, args.samples, root)
     work = (root / args.work).resolve()
     prepare(work, root, smoke)
     profile = str(root / args.profile) if (root / args.profile).exists() else args.profile
-    ok = Smoke(root, work, fill_defaults(smoke), profile, args.samples, sys.stdout).run()
+    smoke = fill_defaults(smoke)
+    runner = Smoke(root, work, smoke, profile, sys.stdout)
+    ok = runner.run(planned_steps(smoke, config, root, runner.gpus))
     sys.exit(0 if ok else 1)
 
 

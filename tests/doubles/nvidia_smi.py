@@ -5,7 +5,7 @@ the JSON file $E3DG_NVIDIA_SMI_STATE, each holder until its `freed_at` (epoch se
     {"gpus": [{"index": 0, "uuid": "GPU-0", "total": 81559}],
      "holders": [{"pid": 4242, "name": "sglang::scheduler", "used": 70000, "gpu": "GPU-0", "freed_at": null}]}
 
-Installed on PATH as `nvidia-smi` by tests/unit/test_node_service.py (`stand_in_nvidia_smi`).
+Installed on PATH as `nvidia-smi` by the `stand_in_nvidia_smi` fixture (tests/unit/conftest.py).
 """
 
 import json

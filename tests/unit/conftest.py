@@ -1,10 +1,13 @@
-"""The unit tier's fixtures: Kimi-K2.5's tokenizer, loaded each way it is shipped."""
+"""The unit tier's fixtures: Kimi-K2.5's tokenizer, loaded each way it is shipped; a stand-in nvidia-smi."""
 
+import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import KIMI_FILES
+from tests.helpers import KIMI_FILES, REPO
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +41,24 @@ def kimi_slow(kimi_remote_code_dir):
     from eagle3_datagen.chat.template import load_tokenizer
 
     return load_tokenizer(kimi_remote_code_dir, trust_remote_code=True)
+
+
+@pytest.fixture
+def stand_in_nvidia_smi(tmp_path, monkeypatch):
+    """A stand-in `nvidia-smi` first on PATH (no GPU here): two 80 GiB GPUs, GPU 1 held by the processes the
+    test writes into the returned state file."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\nexec {sys.executable} {REPO / "tests/doubles/nvidia_smi.py"} "$@"\n')
+    smi.chmod(0o755)
+    state = tmp_path / "gpus.json"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("E3DG_NVIDIA_SMI_STATE", str(state))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def holding(holders: list[dict]) -> None:
+        gpus_ = [{"index": i, "uuid": f"GPU-{i}", "total": 81559} for i in range(2)]
+        state.write_text(json.dumps({"gpus": gpus_, "holders": holders}))
+
+    return holding

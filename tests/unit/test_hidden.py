@@ -179,7 +179,7 @@ class PoisonedCapture:
         self.capture = capture
         self.packed, self.ranks = capture.packed, capture.ranks
         self.model_name, self.num_layers, self.hidden_size = capture.model_name, capture.num_layers, capture.hidden_size
-        self.aux_layers, self.final = capture.aux_layers, capture.final
+        self.aux_layers, self.final, self.model = capture.aux_layers, capture.final, capture.model
 
     def __call__(self, batch):
         return [(aux * float("nan"), final) for aux, final in self.capture(batch)]

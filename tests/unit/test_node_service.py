@@ -9,7 +9,6 @@ tests/real_sglang/test_workflow.py runs the real server this way. This machine h
 memory comes from a stand-in `nvidia-smi` on PATH (tests/doubles/nvidia_smi.py), the one stand-in here.
 """
 
-import json
 import os
 import re
 import signal
@@ -159,27 +158,6 @@ def test_under_slurm_the_supervisor_is_a_job_step_of_its_own(monkeypatch, tmp_pa
     assert launch.log_path("logs/capture_runner/runner.log").name == "runner.slurm-42.log"
     monkeypatch.delenv("SLURM_JOB_ID")
     assert launch.slurm_step(service) == []
-
-
-@pytest.fixture
-def stand_in_nvidia_smi(tmp_path, monkeypatch):
-    """A stand-in `nvidia-smi` first on PATH (no GPU here): two 80 GiB GPUs, GPU 1 held by the processes the
-    test writes into the returned state file."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text(f'#!/bin/sh\nexec {sys.executable} {REPO / "tests/doubles/nvidia_smi.py"} "$@"\n')
-    smi.chmod(0o755)
-    state = tmp_path / "gpus.json"
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("E3DG_NVIDIA_SMI_STATE", str(state))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-
-    def holding(holders: list[dict]) -> None:
-        gpus_ = [{"index": i, "uuid": f"GPU-{i}", "total": 81559} for i in range(2)]
-        state.write_text(json.dumps({"gpus": gpus_, "holders": holders}))
-
-    return holding
 
 
 SCHEDULER = {"pid": 4242, "name": "sglang::scheduler_TP1", "used": 70000, "gpu": "GPU-1"}

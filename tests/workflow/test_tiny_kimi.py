@@ -14,6 +14,7 @@ from eagle3_datagen.diagnostics import layer_check
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.reporting.plan import measured_loads, plan_rates
+from eagle3_datagen.stages.hidden.layer_tap import layer_tap_path
 from eagle3_datagen.stages.tokens import loss_spans
 from tests.helpers import KIMI_FILES, REPO, copy_workflow, run
 
@@ -62,6 +63,11 @@ def test_the_smoke_run_passes_each_step_on_the_cpu_in_under_15_minutes(tiny_kimi
     assert all(f"{p} top-1 1.0000 (greedy" in steps["probe"]["detail"] for p in PARTITIONS)
     assert "hidden_states[2], hidden_states[4], hidden_states[5] and the final" in steps["auxiliary layers"]["detail"]
     assert out.rstrip().endswith("passed")
+    # announced before it starts: the steps, their model loads, their minutes; then measured beside the estimate
+    assert out.startswith("smoke run, before it starts (each GPU step in a process of its own):")
+    assert "loads: hf responses job (tiny_chat), hf responses job (tiny_glaive), capture runner;" in out
+    assert "smoke run (measured; estimated before it started):" in out
+    assert steps["auxiliary layers"]["seconds"] < 30  # it reads the capture runner's records: no model load
     assert tiny_kimi_smoke["seconds"] < SMOKE_LIMIT_S
     print(f"\nsmoke run on the tiny Kimi: {tiny_kimi_smoke['seconds']:.0f} s; " + ", ".join(
         f"{name} {s['seconds']} s" for name, s in steps.items()))  # fmt: skip
@@ -82,29 +88,31 @@ def test_the_plan_reads_the_smoke_runs_rates_and_loads(tiny_kimi_smoke):
 
 
 def test_the_layer_check_catches_reversed_auxiliary_layers_and_a_missing_final_norm(tiny_kimi_dir):
-    """The smoke run's independent capture against its stored slots passes; the same slots with the auxiliary
-    layers reversed, or the SpecForge export's final state without its norm, fail, each named with the layer it
-    holds (tests/workflow/test_planted_defect.py shows the probe passing reversed layers)."""
-    model = tiny_kimi_dir / "results/tiny-kimi/model"
+    """The capture runner's own records of every layer (4 samples a shard) against the stored slots pass; the
+    same slots with the auxiliary layers reversed, or the SpecForge export's final state without its norm, fail,
+    each named with the layer it holds (tests/workflow/test_planted_defect.py shows the probe passing reversed
+    layers; tests/unit/test_layer_check.py plants the defects in the capture itself)."""
     shard_dir = tiny_kimi_dir / "results/tiny_glaive/hidden/00000"
     exports = {f: tiny_kimi_dir / f"results/tiny_glaive/export/{f}" for f in ("specforge", "speculators")}
-    exported = {r["id"] for r in read_jsonl(exports["specforge"] / "ids.jsonl")}
-    ids = [sid for sid in HiddenShard(shard_dir).ids if sid in exported][:2]
-    inputs = [[int(t) for t in HiddenShard(shard_dir).sample(sid, ("input_ids",))["input_ids"]] for sid in ids]
-    captured = layer_check.independent_capture(model, inputs, trust_remote_code=False)
-    assert layer_check.published_aux_layers(captured["num_layers"]) == [2, 4, 5]
+    tap = layer_check.read_tap(layer_tap_path(shard_dir))
+    assert len(tap) == 4 and layer_check.num_layers(tap) == 8
+    assert layer_check.published_aux_layers(8) == [2, 4, 5]
     assert layer_check.published_aux_layers(61) == [2, 30, 58]  # Kimi-K2.5's
-    stored = layer_check.stored_slots(shard_dir, exports, ids, [2, 4, 5])
-    assert all(row.ok for row in layer_check.compare(captured, stored))
-    reversed_aux = [[(w, s, e, t) for (w, s, e, _), (*_, t) in zip(slots, [*slots[2::-1], *slots[3:]], strict=True)]
-                    for slots in stored]  # fmt: skip
-    wrong = {(r.where, r.slot): r.best_match for r in layer_check.compare(captured, reversed_aux) if not r.ok}
+    stored = layer_check.stored_slots(shard_dir, exports, sorted(tap), [2, 4, 5])
+    assert all(row.ok for row in layer_check.compare(tap, stored))
+    reversed_aux = {
+        sid: [(w, s, e, t) for (w, s, e, _), (*_, t) in zip(slots, [*slots[2::-1], *slots[3:]], strict=True)]
+        for sid, slots in stored.items()
+    }
+    wrong = {(r.where, r.slot): r.best_match for r in layer_check.compare(tap, reversed_aux) if not r.ok}
     assert wrong == {("hidden shard", "aux 0"): "hidden_states[5]", ("hidden shard", "aux 2"): "hidden_states[2]"}
-    raw_final = [[(w, s, e, t) for w, s, e, t in slots] for slots in stored]
-    for slots in raw_final:
+    raw_final = {}
+    for sid, slots in stored.items():
         shard_final = next(t for w, s, e, t in slots if (w, s) == ("hidden shard", "final"))  # final: raw
-        slots[:] = [(w, s, e, shard_final if (w, s) == ("specforge export", "final") else t) for w, s, e, t in slots]
-    wrong = {(r.where, r.slot): r.best_match for r in layer_check.compare(captured, raw_final) if not r.ok}
+        raw_final[sid] = [
+            (w, s, e, shard_final if (w, s) == ("specforge export", "final") else t) for w, s, e, t in slots
+        ]
+    wrong = {(r.where, r.slot): r.best_match for r in layer_check.compare(tap, raw_final) if not r.ok}
     assert wrong == {("specforge export", "final"): "final, raw"}
 
 

@@ -176,6 +176,7 @@ class CaptureBackend(Protocol):
     hidden_size: int
     aux_layers: list[int]
     final: str
+    model: torch.nn.Module  # the model as loaded (the layer check's hooks go on its layers)
 
     def __call__(self, batch: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per sample of `batch` (token ID lists): (aux [T, A*H], final [T, H]) on the CPU, in

@@ -173,6 +173,7 @@ def run_gpu_check(
     url: str | None = None,
     launch_args: Sequence[str] | None = None,
     new_tokens: int = 32,
+    trust_remote_code: bool = False,
 ) -> tuple[bool, list[dict]]:
     """On every torchrun rank: capture with SGLang (both finals), then on rank 0 with `hf` and
     compare; then, with `url` (launching a server there when `launch_args` is given), compare the
@@ -202,7 +203,7 @@ def run_gpu_check(
         # free memory room for other processes (0.05 failed the start when they took 5% meanwhile).
         settings["server_args"] = {"max_total_tokens": 4 * max_batch_tokens}
     settings = fill_defaults(settings, "hidden_states.sglang")
-    flags = server_flags(model_dir, settings, False, max_batch_tokens, dist.get_world_size())
+    flags = server_flags(model_dir, settings, trust_remote_code, max_batch_tokens, dist.get_world_size())
     runner = SGLangModelRunner([*flags, *(CPU_SERVER_FLAGS if device == "cpu" else ())], rank=rank, gpu_id=local_rank)
     batch = random_batch(runner.hf_config.vocab_size, samples, hi=min(512, max_batch_tokens))
     ours = {
@@ -214,7 +215,7 @@ def run_gpu_check(
     rows: list[LayerAgreement] = []
     hf_settings = {"dtype": dtype, "device": device}
     for final, states in ours.items():
-        reference = HFCapture(model_dir, "auto", final, hf_settings)
+        reference = HFCapture(model_dir, "auto", final, hf_settings, trust_remote_code)
         expected = capture_in_batches(reference, batch, max_batch_tokens)
         compared = agreement_by_layer(states, expected, reference.aux_layers, final)
         rows += compared if final == "normed" else compared[-1:]  # auxiliary layers do not depend on `final`

@@ -1,22 +1,23 @@
-"""The stored layers of a few samples against an independent capture, at the published layer convention.
+"""The stored layers of a few samples against every layer the capture runner's hooks recorded.
 
 The probe checks the final state with the model's own LM head; reversed or shifted auxiliary layers
 and a missing final norm pass it, and they are the field's commonest silent failure (layer-id
 off-by-ones: TorchSpec #87, speculators #705; a missing final norm: speculators PR #313, vLLM #46973).
-This check shares no code with the capture: plain transformers (`output_hidden_states`, the model
-loaded here), the layers named by EAGLE-3's published convention (hidden_states indices [2, N//2, N-3],
-the embedding output being 0: [2, 30, 58] for Kimi-K2.5's 61 layers; the configured list where the
-config names one), and the final layer before its norm and after it. It compares, slot by slot, what
-the pipeline stored: the hidden-state shard (aux slots, and the final as `hidden_states.final` says),
-the SpecForge export (`aux_hidden_state`, and `hidden_state`, which must be after the final norm) and
-the speculators export (aux slots, then the final before the norm, which speculators applies itself).
-A slot that matches none of them is named with the layer it does match best (a reversed list shows as
+The references come from `stages/hidden/layer_tap.py`: hooks on every decoder layer and the final norm
+of the model the capture runner loaded (no second load), named by module order alone, written beside
+the shard (`{shard}.layers.safetensors`, `hidden_states.layer_check_samples`). The layers a slot must
+hold come from EAGLE-3's published convention, not from the capture's code (hidden_states indices
+[2, N//2, N-3], the embedding output being 0: [2, 30, 58] for Kimi-K2.5's 61 layers; the configured
+list where the config names one). This compares, slot by slot at the recorded positions, what the
+pipeline stored: the hidden-state shard (aux slots, and the final as `hidden_states.final` says), the
+SpecForge export (`aux_hidden_state`, and `hidden_state`, which must be after the final norm) and the
+speculators export (aux slots, then the final before the norm, which speculators applies itself). A
+slot that matches none of them is named with the layer it does match best (a reversed list shows as
 slot 0 matching layer N-3).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.formats.trainer_exports import EXPORTS
 
-# A stored slot agrees with the independent capture within storage precision (bf16: about 0.4% relative
+# A stored slot agrees with the recorded layer within storage precision (bf16: about 0.4% relative
 # error, fp8 with scales a few percent); a wrong layer or a missing norm is far outside it.
 MIN_COSINE = 0.99
 MAX_REL_ERR = 0.1
@@ -57,34 +58,25 @@ def _agreement(stored: torch.Tensor, reference: torch.Tensor) -> tuple[float, fl
     return cosine, ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
-def independent_capture(model_dir: str | Path, samples: list[list[int]], trust_remote_code: bool) -> dict:
-    """Per sample, every hidden_states index and the final layer before and after the norm, from plain
-    transformers (on the GPUs, bf16, where there are some; float32 on the CPU)."""
-    from transformers import AutoModelForCausalLM
+def read_tap(path: str | Path) -> dict[str, dict[str, torch.Tensor]]:
+    """The layers `layer_tap.record_layers` wrote: per sample id, `positions` and each named reference."""
+    from safetensors.torch import load_file
 
-    cuda = torch.cuda.is_available()
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir,
-        dtype=torch.bfloat16 if cuda else torch.float32,
-        device_map="auto" if cuda else None,
-        trust_remote_code=trust_remote_code,
-    ).eval()
-    # transformers replaces hidden_states[N] by the normed last state unless told not to
-    model.config.tie_last_hidden_states = False
-    base = model.get_decoder()
-    out = []
-    with torch.inference_mode():
-        for ids in samples:
-            run = base(input_ids=torch.tensor([ids], device=model.device), output_hidden_states=True)
-            layers = [h[0].float().cpu() for h in run.hidden_states]
-            out.append({"layers": layers, "raw": layers[-1], "normed": run.last_hidden_state[0].float().cpu()})
-    return {"num_layers": model.config.num_hidden_layers, "samples": out}
+    tap: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in load_file(str(path)).items():
+        sid, name = key.split("/", 1)
+        tap.setdefault(sid, {})[name] = tensor
+    return tap
 
 
-def _references(captured: dict, index: int) -> dict[str, torch.Tensor]:
-    sample = captured["samples"][index]
-    refs = {f"hidden_states[{i}]": layer for i, layer in enumerate(sample["layers"][:-1])}
-    return refs | {"final, raw": sample["raw"], "final, normed": sample["normed"]}
+def num_layers(tap: dict) -> int:
+    """N, the decoder layers the hooks saw (hidden_states[1..N])."""
+    names = next(iter(tap.values()))
+    return max(int(n.removeprefix("hidden_states[").rstrip("]")) for n in names if n.startswith("hidden_states["))
+
+
+def _references(tap: dict, sid: str) -> dict[str, torch.Tensor]:
+    return {name: t for name, t in tap[sid].items() if name != "positions"}
 
 
 def _slots(where: str, aux: torch.Tensor, final: torch.Tensor, expected_aux: list[int], final_kind: str) -> list:
@@ -97,12 +89,14 @@ def _slots(where: str, aux: torch.Tensor, final: torch.Tensor, expected_aux: lis
     return [*slots, (where, "final", f"final, {final_kind}", final)]
 
 
-def compare(captured: dict, stored: list[list[tuple]]) -> list[Slot]:
-    """Each sample's stored slots (from `_slots`) against its references; the worst of the samples per slot."""
+def compare(tap: dict, stored: dict[str, list[tuple]]) -> list[Slot]:
+    """Each sample's stored slots (from `stored_slots`) at the recorded positions against its references;
+    the worst of the samples per slot."""
     worst: dict[tuple[str, str], Slot] = {}
-    for index, slots in enumerate(stored):
-        refs = _references(captured, index)
-        for where, slot, expected, tensor in slots:
+    for sid, slots in stored.items():
+        refs, positions = _references(tap, sid), tap[sid]["positions"]
+        for where, slot, expected, stored_tensor in slots:
+            tensor = stored_tensor[positions]
             cosine, rel_err = _agreement(tensor, refs[expected])
             best = max(refs, key=lambda name: _agreement(tensor, refs[name])[0] - _agreement(tensor, refs[name])[1])
             row = Slot(where, slot, expected, cosine, rel_err, best)
@@ -112,45 +106,33 @@ def compare(captured: dict, stored: list[list[tuple]]) -> list[Slot]:
     return list(worst.values())
 
 
-def stored_slots(hidden_dir: Path, exports: dict[str, Path], ids: list[str], expected_aux: list[int]) -> list[list]:
-    """What the pipeline stored for the samples `ids`: the shard's slots and each export's."""
+def stored_slots(hidden_dir: Path, exports: dict[str, Path], ids: list[str], expected_aux: list[int]) -> dict:
+    """What the pipeline stored for the samples `ids`: per id, the shard's slots and each export's."""
     shard = HiddenShard(hidden_dir)
     final_kind = shard.index["final"]
-    per_sample = []
+    per_sample = {}
     for sid in ids:
         sample = shard.sample(sid)
-        slots = _slots("hidden shard", sample["aux_hidden_states"], sample["hidden_states"], expected_aux, final_kind)
-        per_sample.append(slots)
+        aux, final = sample["aux_hidden_states"], sample["hidden_states"]
+        per_sample[sid] = _slots("hidden shard", aux, final, expected_aux, final_kind)
     for fmt, export in exports.items():
         rows = {r["id"]: r["index"] for r in read_jsonl(export / "ids.jsonl")}
-        for slots, sid in zip(per_sample, ids, strict=True):
-            if sid not in rows:
-                continue  # held out of the exports
-            export_entry = EXPORTS[fmt]
-            aux, final = export_entry.read_slots(export, rows[sid])
-            slots += _slots(f"{fmt} export", aux, final, expected_aux, export_entry.final_slot)
+        export_entry = EXPORTS[fmt]
+        for sid in ids:
+            if sid in rows:  # else held out of the exports
+                aux, final = export_entry.read_slots(export, rows[sid])
+                per_sample[sid] += _slots(f"{fmt} export", aux, final, expected_aux, export_entry.final_slot)
     return per_sample
 
 
 def check_layers(
-    model_dir: str | Path,
-    hidden_dir: str | Path,
-    exports: dict[str, Path],
-    aux_spec,
-    samples: int,
-    trust_remote_code: bool,
+    tap_path: str | Path, hidden_dir: str | Path, exports: dict[str, Path], aux_spec
 ) -> tuple[bool, list[dict]]:
-    """The `samples` shortest samples of a shard that both exports hold, checked slot by slot; returns
-    (every slot agrees, one row per stored slot)."""
-    shard = HiddenShard(hidden_dir)
-    exported = set.intersection(*[{r["id"] for r in read_jsonl(e / "ids.jsonl")} for e in exports.values()] or [set()])
-    lengths = {s["id"]: len(s["input_ids"]) for s in shard.iter_samples(("input_ids",))}
-    chosen = sorted(lengths, key=lambda sid: (sid not in exported, lengths[sid], sid))[:samples]
-    ids = [[int(t) for t in shard.sample(sid, ("input_ids",))["input_ids"]] for sid in chosen]
-    captured = independent_capture(model_dir, ids, trust_remote_code)
-    num_layers = captured["num_layers"]
-    expected = published_aux_layers(num_layers) if aux_spec == "auto" else [int(i) for i in aux_spec]
-    rows = compare(captured, stored_slots(Path(hidden_dir), exports, chosen, expected))
+    """The samples the capture runner recorded every layer of (`tap_path`), checked slot by slot in the
+    shard and the `exports` that hold them; returns (every slot agrees, one row per stored slot)."""
+    tap = read_tap(tap_path)
+    expected = published_aux_layers(num_layers(tap)) if aux_spec == "auto" else [int(i) for i in aux_spec]
+    rows = compare(tap, stored_slots(Path(hidden_dir), exports, sorted(tap), expected))
     return all(r.ok for r in rows), [{**asdict(r), "ok": r.ok} for r in rows]
 
 
@@ -162,7 +144,3 @@ def format_rows(rows: list[dict]) -> str:
             f"{r['where']:<20} {r['slot']:<6} {r['expected']:<18} {r['cosine']:>8.4f} {r['rel_err']:>8.4f}  {verdict}"
         )
     return "\n".join(lines)
-
-
-def write_rows(path: str | Path, ok: bool, rows: list[dict]) -> None:
-    Path(path).write_text(json.dumps({"ok": ok, "slots": rows}, indent=2) + "\n")

@@ -1,21 +1,26 @@
-"""The smoke run: an hour on the real node, from the user's own config, before the week.
+"""The smoke run: the user's own config on the real node, before the week, its time said before it starts.
 
-`scripts/smoke.py --configfile my.yaml --profile profiles/gpu` runs, each step timed and said to pass,
-fail or be skipped (with why):
+`scripts/smoke.py --configfile my.yaml --profile profiles/gpu` first prints its steps, the model loads of
+each and their estimated minutes (`planned_steps`: the plan's rates and load seconds, `reporting/plan.py`),
+then runs them, each timed and said to pass, fail or be skipped (with why). Every step that uses the GPUs
+runs in a process of its own, started once the GPUs' memory is free (`resources.handover`, the wait the
+node's services use); the smoke process itself never loads the model:
 
-1. **GPU check** (`scripts/gpu_check.py` under torchrun on the node's GPUs: SGLang against transformers,
-   layer by layer, and a server's greedy ids); skipped without GPUs or without SGLang in the config.
+1. **GPU check** (`scripts/gpu_check.py` under torchrun, one rank per GPU of `resources.gpus_per_node`, on
+   the config's model: SGLang's capture at that tensor parallelism against transformers, layer by layer);
+   skipped without GPUs or without SGLang in the config.
 2. **Workflow**: the real workflow through the user's profile on a smoke config made from theirs: one
    partition per backend (or those named), one shard of at most `prompts` prompts each, greedy decoding
-   (so that the probe's 0.98 applies), no baseline twins; in a working directory of its own (`smoke/`:
-   links to the workflow's files, its own results, logs and Snakemake records), so the week's results
-   are untouched.
+   (every backend's sampling, so that the probe's 0.98 applies), no baseline twins, the capture runner
+   recording every layer of `samples` samples a shard (`hidden_states.layer_check_samples`); in a
+   working directory of its own (`smoke/`: links to the workflow's files, its own results, logs and
+   Snakemake records), so the week's results are untouched.
 3. **Probe**: each smoke partition's probe verdict, and on greedy data with exact ids a top-1 agreement
    of at least 0.98 on the last turns.
-4. **Auxiliary layers**: a few samples' stored layers, in the hidden-state shard and both exports,
-   against an independent transformers capture at the published layer convention
-   (`diagnostics/layer_check.py`): this catches reversed or shifted auxiliary layers and a missing
-   final norm, which the probe does not.
+4. **Auxiliary layers**: those samples' stored slots, in the hidden-state shard and both exports, against
+   the layers the capture runner's hooks recorded, at the published layer convention
+   (`diagnostics/layer_check.py`): this catches reversed or shifted auxiliary layers and a missing final
+   norm, which the probe does not. It reads files: no model load.
 5. **Draft**: a small draft trained with SpecForge 0.2.0 on the smoke export. On a GPU node it is
    served with SGLang 0.5.23's EAGLE3 and its acceptance length read from SGLang's own figures
    (`scripts/serve_draft.py`); on a CPU, where SGLang's EAGLE3 cannot run (its CPU path needs kernels
@@ -23,7 +28,7 @@ fail or be skipped (with why):
 6. **Measurements**: the generation and capture tokens/s of the smoke shards and the model loads'
    seconds, written where the plan reads them (`logs/smoke/rates.json`, `formats/measured_rates.py`;
    `logs/smoke/loads.jsonl`, `formats/service_loads.py`): `scripts/plan.py` then plans the week with
-   the node's own figures.
+   the node's own figures, and the next smoke run estimates its own time with them.
 """
 
 from __future__ import annotations
@@ -49,7 +54,9 @@ from eagle3_datagen.formats.files import InputError, read_json, write_json
 from eagle3_datagen.formats.measured_rates import write_rates
 from eagle3_datagen.formats.service_loads import NAME as LOADS
 from eagle3_datagen.formats.service_loads import read_loads
-from eagle3_datagen.workflow.partitions import inference_backend
+from eagle3_datagen.reporting.plan import measured_loads, plan_rates
+from eagle3_datagen.workflow.partitions import inference_backend, served_by_launched_server
+from eagle3_datagen.workflow.settings import sampling_for
 
 # What the smoke directory links to in the workflow's: what a run reads there (rules, scripts, its
 # conda envs, report captions, bundled resources, profiles and the links that name them, shipped configs).
@@ -75,6 +82,125 @@ class Step:
     detail: str
 
 
+@dataclass
+class PlannedStep:
+    """A step as announced before the run: what runs it, the model loads it makes, its estimated minutes
+    (None where a rate it needs is neither measured nor configured) and what they rest on."""
+
+    name: str
+    process: str
+    loads: list[str]
+    minutes: float | None
+    basis: str
+
+
+def _load_seconds(week: dict, logs: Path, service: str) -> tuple[float, str]:
+    """Seconds one load of the week's model by `service` takes: measured (a smoke run's, the week's logs)
+    or `plan.load_seconds`."""
+    seen = measured_loads(logs, service, str(Path(week["model"]["path"]).resolve()))
+    if seen:
+        return sum(seen) / len(seen), f"{service} load measured, mean of {len(seen)}"
+    return week["plan"]["load_seconds"][service], f"{service} load from plan.load_seconds"
+
+
+def planned_steps(smoke: dict, week: dict, root: Path, gpus: int) -> list[PlannedStep]:
+    """The smoke run's steps with their model loads and estimated minutes, from the plan's rates and load
+    seconds for the week's model (`week`: the user's config; run from `root`): generation at most
+    `max_new_tokens` a prompt, capture at most `tokens.max_length` a prompt, upper bounds."""
+    logs = root / "logs"
+    week = {**week, "model": {**week["model"], "path": str(root / week["model"]["path"])}}  # as measurements names it
+    rates = {k: v["tokens_per_s"] for k, v in plan_rates(week, logs).items()}
+    runner_s, runner_basis = _load_seconds(week, logs, "capture_runner")
+    server_s, server_basis = _load_seconds(week, logs, "generation_server")
+    partitions = sorted(smoke["partitions"])
+    steps = []
+    tp = smoke["resources"]["gpus_per_node"]
+    if gpus and _uses_sglang(smoke, partitions):
+        minutes = 2 * runner_s / 60
+        steps.append(
+            PlannedStep(
+                "GPU check",
+                f"torchrun, {tp} ranks: scripts/gpu_check.py",
+                [f"SGLang model runner (TP {tp})", "transformers"],
+                minutes,
+                f"2 x {runner_basis}",
+            )
+        )
+    loads, seconds, basis, unknown = [], 0.0, [], []
+    if any(served_by_launched_server(smoke, p) for p in partitions):
+        loads.append("generation server")
+        seconds += server_s
+        basis.append(server_basis)
+    for p in partitions:
+        backend = inference_backend(smoke, p)
+        if GENERATION[backend].on_node:
+            if not served_by_launched_server(smoke, p):
+                loads.append(f"{backend} responses job ({p})")
+                seconds += runner_s
+            tokens = smoke["partitions"][p]["max_prompts"] * sampling_for(smoke, backend)["max_new_tokens"]
+            if rates["generate_tokens_per_s"]:
+                seconds += tokens / rates["generate_tokens_per_s"]
+            else:
+                unknown.append("generate_tokens_per_s")
+        if rates["prefill_tokens_per_s"]:
+            seconds += (
+                smoke["partitions"][p]["max_prompts"] * smoke["tokens"]["max_length"] / rates["prefill_tokens_per_s"]
+            )
+        else:
+            unknown.append("prefill_tokens_per_s")
+    loads.append("capture runner")
+    seconds += runner_s
+    basis.append(runner_basis)
+    if unknown:
+        basis.append(f"no {' or '.join(sorted(set(unknown)))} (plan.throughput, or a smoke run's measurement)")
+    steps.append(
+        PlannedStep(
+            "workflow",
+            "snakemake (its jobs: the node's services)",
+            loads,
+            None if unknown else seconds / 60,
+            "; ".join(basis),
+        )
+    )
+    steps.append(PlannedStep("probe", "this process (reads the probes)", [], 0.0, "reads files"))
+    steps.append(PlannedStep("auxiliary layers", "this process (reads the runner's records)", [], 0.0, "reads files"))
+    if gpus:
+        steps.append(
+            PlannedStep(
+                "draft",
+                "scripts/serve_draft.py: SpecForge training, then SGLang's EAGLE3 server",
+                ["EAGLE3 server (the target and the draft)"],
+                server_s / 60,
+                f"{server_basis}, and the training's {smoke['evaluate']['steps']} steps",
+            )
+        )
+    else:
+        steps.append(PlannedStep("draft", "this process (the evaluate stage's figures)", [], 0.0, "reads files"))
+    steps.append(PlannedStep("measurements", "this process", [], 0.0, "reads files"))
+    return steps
+
+
+def format_planned(steps: list[PlannedStep]) -> str:
+    """The announcement: each step, what runs it, its model loads, its minutes; the totals."""
+    width = max(len(s.name) for s in steps)
+    lines = ["smoke run, before it starts (each GPU step in a process of its own):"]
+    for s in steps:
+        minutes = "?" if s.minutes is None else f"{s.minutes:.1f}"
+        loads = ", ".join(s.loads) or "none"
+        lines.append(f"  {s.name:<{width}}  ~{minutes:>6} min  loads: {loads}; {s.process} ({s.basis})")
+    loads = sum(len(s.loads) for s in steps)
+    known = [s.minutes for s in steps if s.minutes is not None]
+    unknown = " and the steps marked ?" if len(known) < len(steps) else ""
+    lines.append(f"  {'total':<{width}}  ~{sum(known):>6.1f} min{unknown}; {loads} model loads")
+    return "\n".join(lines)
+
+
+def _uses_sglang(config: dict, partitions: list[str]) -> bool:
+    return CAPTURE[config["hidden_states"]["backend"]].imports == "sglang" or any(
+        GENERATION[inference_backend(config, p)].imports == "sglang" for p in partitions
+    )
+
+
 def smoke_partitions(config: dict, named: list[str] | None) -> list[str]:
     """The partitions named, or the first (by name) of each backend."""
     if named:
@@ -95,8 +221,9 @@ def _absolute(value: str | None, root: Path) -> str | None:
     return str(root / value)
 
 
-def smoke_config(config: dict, partitions: list[str], prompts: int, root: Path) -> dict:
-    """The user's config, narrowed to a smoke run (see the module's docstring), its paths resolved from `root`."""
+def smoke_config(config: dict, partitions: list[str], prompts: int, samples: int, root: Path) -> dict:
+    """The user's config, narrowed to a smoke run (see the module's docstring), its paths resolved from `root`;
+    the capture runner records every layer of `samples` samples a shard."""
     smoke = copy.deepcopy(config)
     smoke["partitions"] = {}
     for name in partitions:
@@ -107,9 +234,13 @@ def smoke_config(config: dict, partitions: list[str], prompts: int, root: Path) 
         }
         part["max_prompts"] = min(prompts, part.get("max_prompts") or prompts)
         smoke["partitions"][name] = part
-    smoke["inference"].setdefault("sampling", {})["temperature"] = 0.0
+    # greedy, so that the probe's 0.98 applies: a backend's own sampling would override inference.sampling's
+    for section in [smoke["inference"].setdefault("sampling", {}), *_backend_samplings(smoke["inference"])]:
+        section["temperature"] = 0.0
+    hidden = smoke.setdefault("hidden_states", {})
     # the layer check reads the shards' parts after the exports, which would otherwise release them
-    smoke.setdefault("hidden_states", {})["keep_shards"] = True
+    hidden["keep_shards"] = True
+    hidden["layer_check_samples"] = samples
     if "demo" not in smoke:  # a demo builds its model inside the smoke directory
         smoke["model"]["path"] = _absolute(smoke["model"]["path"], root)
     elif smoke["demo"].get("tokenizer"):
@@ -119,6 +250,11 @@ def smoke_config(config: dict, partitions: list[str], prompts: int, root: Path) 
     evaluate = fill_defaults(dict(smoke.get("evaluate") or {}), "evaluate")
     smoke["evaluate"] = {**evaluate, "baseline": "none", "python": _absolute(evaluate["python"], root)}
     return smoke
+
+
+def _backend_samplings(inference: dict) -> list[dict]:
+    """Each generation backend's own `sampling` section in `inference`."""
+    return [inference[name]["sampling"] for name in GENERATION if (inference.get(name) or {}).get("sampling")]
 
 
 def prepare(work: Path, root: Path, config: dict) -> Path:
@@ -140,15 +276,8 @@ def prepare(work: Path, root: Path, config: dict) -> Path:
 class Smoke:
     """Runs the steps, prints each as it ends and a table at the end (`out`), keeps them in smoke.json."""
 
-    def __init__(self, root: Path, work: Path, config: dict, profile: str, samples: int, out: TextIO):
-        self.root, self.work, self.config, self.profile, self.samples, self.out = (
-            root,
-            work,
-            config,
-            profile,
-            samples,
-            out,
-        )
+    def __init__(self, root: Path, work: Path, config: dict, profile: str, out: TextIO):
+        self.root, self.work, self.config, self.profile, self.out = root, work, config, profile, out
         self.steps: list[Step] = []
         self.partitions = sorted(config["partitions"])
         self.gpus = self._gpus()
@@ -178,24 +307,38 @@ class Smoke:
 
     # the steps
 
+    def gpu_process(self, what: str, command: list[str], log_name: str) -> int:
+        """Run a step's GPU work as a process of its own, once the GPUs the step before used have their
+        memory back (on a node; the same wait as the node's services); its output to `log_name` in the
+        smoke directory. Returns its exit status."""
+        if self.gpus:
+            gpus.wait_for_free_memory(**self._handover(), what=what)
+        with open(self.work / log_name, "w") as log:
+            return subprocess.run(
+                command, cwd=self.work, stdout=log, stderr=subprocess.STDOUT, env=self._env()
+            ).returncode
+
     def gpu_check(self) -> tuple[str, str]:
-        uses_sglang = CAPTURE[self.config["hidden_states"]["backend"]].imports == "sglang" or any(
-            GENERATION[inference_backend(self.config, p)].imports == "sglang" for p in self.partitions
-        )
         if not self.gpus:
             return "skip", "no GPU on this machine (nvidia-smi lists none): it compares SGLang with hf on GPUs"
-        if not uses_sglang:
+        if not _uses_sglang(self.config, self.partitions):
             return "skip", "the config runs no SGLang (the check compares SGLang with hf)"
-        gpus.wait_for_free_memory(**self._handover(), what="GPU check")
         count = self.config["resources"]["gpus_per_node"]
+        model = str(self.work / self.config["model"]["path"])  # absolute, or the demo's under the smoke directory
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(count)]
-        command += [str(self.root / "scripts/gpu_check.py"), "--launch", "--out", str(self.work / "gpu_check.json")]
-        with open(self.work / "gpu_check.log", "w") as log:
-            done = subprocess.run(command, cwd=self.work, stdout=log, stderr=subprocess.STDOUT, env=self._env())
-        status = "pass" if done.returncode == 0 else "fail"
+        command += [
+            str(self.root / "scripts/gpu_check.py"),
+            "--model",
+            model,
+            "--out",
+            str(self.work / "gpu_check.json"),
+        ]
+        if self.config["model"]["trust_remote_code"]:
+            command.append("--trust-remote-code")
+        done = self.gpu_process("GPU check", command, "gpu_check.log")
         return (
-            status,
-            f"SGLang against hf on {count} GPUs, layer by layer and greedy ids ({self.work / 'gpu_check.log'})",
+            "pass" if done == 0 else "fail",
+            f"SGLang against hf on {model} at TP {count}, layer by layer ({self.work / 'gpu_check.log'})",
         )
 
     def workflow(self) -> tuple[str, str]:
@@ -210,9 +353,7 @@ class Smoke:
         ]
         if self.gpus:  # the evaluate stage measures on the CPU, which a node-sized target cannot: step 5 does
             command += ["--omit-from", "evaluate", "evaluate_all"]
-        with open(self.work / "workflow.log", "w") as log:
-            done = subprocess.run(command, cwd=self.work, stdout=log, stderr=subprocess.STDOUT, env=self._env())
-        if done.returncode != 0:
+        if self.gpu_process("workflow", command, "workflow.log") != 0:
             reasons = failure_reasons((self.work / "workflow.log").read_text(errors="replace"))
             return "fail", "; ".join(reasons) + f" (the whole log: {self.work / 'workflow.log'})"
         prompts = sum(read_json(self.results(p, "prompts/stats.json")).get("prompts", 0) for p in self.partitions)
@@ -237,20 +378,12 @@ class Smoke:
 
     def layers(self) -> tuple[str, str]:
         from eagle3_datagen.diagnostics.layer_check import check_layers, format_rows
+        from eagle3_datagen.stages.hidden.layer_tap import layer_tap_path
 
         p = self.partitions[0]
         exports = {f: self.results(p, "export", f) for f in self.config["export"]["formats"]}
-        if self.gpus:
-            gpus.wait_for_free_memory(**self._handover(), what="independent capture")
-        model = self.work / self.config["model"]["path"]  # absolute, or the demo's under the smoke directory
-        ok, rows = check_layers(
-            model,
-            self.results(p, "hidden/00000"),
-            exports,
-            self.config["hidden_states"]["aux_layers"],
-            self.samples,
-            self.config["model"]["trust_remote_code"],
-        )
+        shard = self.results(p, "hidden/00000")
+        ok, rows = check_layers(layer_tap_path(shard), shard, exports, self.config["hidden_states"]["aux_layers"])
         write_json(self.work / "layer_check.json", {"ok": ok, "slots": rows})
         print(format_rows(rows), file=self.out, flush=True)
         wrong = [f"{r['where']} {r['slot']} holds {r['best_match']}, not {r['expected']}" for r in rows if not r["ok"]]
@@ -274,7 +407,6 @@ class Smoke:
                 low |= figures["acceptance_length"] < settings["min_acceptance_length"]
             return ("fail" if low else "pass"), "; ".join(found) + f". {SGLANG_EAGLE3_ON_CPU}"
         p = self.partitions[0]
-        gpus.wait_for_free_memory(**self._handover(), what="EAGLE3 server")
         sglang = self.config["inference"].get("sglang") or {}
         launch = sglang.get("launch") or fill_defaults({}, "inference.sglang.launch")
         if "launch" not in sglang:
@@ -295,9 +427,7 @@ class Smoke:
         ]
         command += ["--sglang-python", sys.executable, "--server-log", str(self.work / "eagle3-server.log")]
         command += ["--out", str(out)]
-        with open(self.work / "draft.log", "w") as log:
-            done = subprocess.run(command, cwd=self.work, stdout=log, stderr=subprocess.STDOUT, env=self._env())
-        if done.returncode != 0:
+        if self.gpu_process("EAGLE3 server", command, "draft.log") != 0:
             return "fail", f"training or serving the draft failed ({self.work / 'draft.log'})"
         figures = read_json(out)
         length = figures["acceptance_length"]
@@ -344,7 +474,10 @@ class Smoke:
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # every job imports torch and transformers afresh
         return env
 
-    def run(self) -> bool:
+    def run(self, planned: list[PlannedStep]) -> bool:
+        """The steps, after printing `planned` (`planned_steps`); the table at the end sets each step's
+        measured time beside its estimate."""
+        print(format_planned(planned) + "\n", file=self.out, flush=True)
         self.step("GPU check", self.gpu_check)
         if self.step("workflow", self.workflow):
             for name, run in (("probe", self.probe), ("auxiliary layers", self.layers), ("draft", self.draft)):
@@ -353,10 +486,16 @@ class Smoke:
         else:
             for name in ("probe", "auxiliary layers", "draft", "measurements"):
                 self.steps.append(Step(name, "skip", 0.0, "the workflow did not finish"))
+        estimated = {s.name: s.minutes for s in planned}
         width = max(len(s.name) for s in self.steps)
-        print("\nsmoke run:", file=self.out)
+        print("\nsmoke run (measured; estimated before it started):", file=self.out)
         for s in self.steps:
-            print(f"  {s.name:<{width}}  {s.status.upper():<4}  {s.seconds:>7.1f} s  {s.detail}", file=self.out)
+            guess = estimated.get(s.name)
+            guess = "?" if guess is None else f"{guess:.1f}"
+            print(
+                f"  {s.name:<{width}}  {s.status.upper():<4}  {s.seconds:>7.1f} s  (~{guess} min)  {s.detail}",
+                file=self.out,
+            )
         total = sum(s.seconds for s in self.steps)
         failed = [s.name for s in self.steps if s.status == "fail"]
         verdict = f"FAILED: {', '.join(failed)}" if failed else "passed"

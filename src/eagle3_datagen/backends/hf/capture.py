@@ -25,6 +25,7 @@ class HFCapture:
 
     def __init__(self, model_path: str | Path, aux_spec, final: str, settings: dict, trust_remote_code=False):
         self.lm = load_causal_lm(model_path, settings, trust_remote_code)
+        self.model = self.lm
         config = self.lm.config
         self.num_layers = config.num_hidden_layers
         self.hidden_size = config.hidden_size

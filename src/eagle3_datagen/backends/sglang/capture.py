@@ -69,6 +69,7 @@ class SGLangCapture:
 
     def __init__(self, runner, aux_spec, final: str, ranks=None):
         self.runner = runner
+        self.model = runner.model
         self.ranks = ranks if ranks is not None else TensorParallelRanks()
         config = runner.hf_config
         self.num_layers = config.num_hidden_layers

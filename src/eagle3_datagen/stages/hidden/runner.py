@@ -124,6 +124,7 @@ def _next_request(requests: Path) -> dict | None:
 
 def _capture_request(request: dict, capture: CaptureBackend, requests: Path, processes: int) -> None:
     # torch: the runner's side only
+    from eagle3_datagen.stages.hidden.layer_tap import layer_tap_path, record_layers
     from eagle3_datagen.stages.hidden.shard import ShardCancelled, capture_shard, writer_threads
 
     rid, writer = request["id"], capture.ranks.writer
@@ -140,6 +141,10 @@ def _capture_request(request: dict, capture: CaptureBackend, requests: Path, pro
         settings = {**settings, "writer_threads": writer_threads(settings["writer_threads"], processes)}
         with reporting_full_disk(request["out"]):
             index = capture_shard(samples, request["out"], capture, settings, cancelled=job_gone)
+            if settings["layer_check_samples"]:  # the smoke run's layer check
+                tap = layer_tap_path(request["out"])
+                ids = record_layers(capture, capture.model, samples, settings["layer_check_samples"], tap)
+                log.info("recorded every layer of %s into %s", ", ".join(ids), tap)
         outcome = {"status": "done", "samples": len(samples), "index": index is not None}
     except ShardCancelled as e:
         log.warning("%s", e)
