@@ -208,3 +208,33 @@ def test_a_first_run_without_prompts_is_estimated_from_the_sources_records(tmp_p
     assert "(estimate (source records, max tokens per turn)), but" in refused and "--until tokens" in refused
     config["resources"]["disk_quota_bytes"] = needed
     assert problems(config, JOBS, {"PATH": VENV_BIN}, False, results) == []
+
+
+def test_before_the_tokens_exist_the_responses_usage_counts(tmp_path):
+    """An answer the model gave counts its usage (prompt and completion tokens); the `dataset` twin's record
+    answers a byte a token with the template's; a failed row nothing. Where the responses rerun, the stage
+    above them counts instead (here, without prompts, the sources' estimate)."""
+    from eagle3_datagen.formats.files import write_jsonl_zst
+
+    config = demo_config(tmp_path / "model")
+    results = tmp_path / "results"
+    answered = {"role": "assistant", "content": "Paris.", "usage": {"prompt_tokens": 31, "completion_tokens": 8}}
+    user = {"role": "user", "content": "What is the capital of France?"}
+    rows = [
+        {"id": "a", "messages": [user, answered], "status": "ok"},
+        {"id": "b", "messages": [user, {**answered, "usage": {"prompt_tokens": 3000, "completion_tokens": 48}}]},
+        {"id": "c", "messages": [user], "status": "failed", "error": "refused"},
+    ]
+    for shard, shard_rows in (("00000", rows), ("00001", [])):
+        write_jsonl_zst(results / PARTITION / "responses" / f"{shard}.jsonl.zst", shard_rows)
+    counted = disk.responded_tokens(config, PARTITION, results)
+    assert (counted.tokens, counted.samples, counted.basis) == (39 + 2048, 2, "counted (responses' usage)")
+    own = {"role": "assistant", "content": "Paris."}
+    write_jsonl_zst(results / f"{PARTITION}+original/responses/00000.jsonl.zst", [{"id": "a", "messages": [user, own]}])
+    write_jsonl_zst(results / f"{PARTITION}+original/responses/00001.jsonl.zst", [])
+    text = len(b'{"role":"user","content":"What is the capital of France?"}{"role":"assistant","content":"Paris."}')
+    assert disk.responded_tokens(config, PARTITION + "+original", results).tokens == text + 64 + 2 * 32
+    _, bases = _disk_writes(config, JOBS, results)
+    assert bases == {"counted (responses' usage)"}
+    _, bases = _disk_writes(config, [Job("responses", PARTITION), *JOBS], results)
+    assert bases == {"estimate (source records, max tokens per turn)"}  # no prompts here: the sources

@@ -1,8 +1,9 @@
 """What a run's hidden states take on disk, and which copy of them stays.
 
 Per partition: the tokens its samples hold (measured by the tokens stage's audits once they exist; before
-that an upper bound from the prompts: their bytes and the max tokens per turn; before the prompts exist,
-a first run's, an estimate from the source's records; each sample at most tokens.max_length), the bytes
+that counted from the responses' usage; before those an upper bound from the prompts: their bytes and the
+max tokens per turn; before the prompts exist, a first run's, an estimate from the source's records; each
+sample at most tokens.max_length), the bytes
 of its shards and of each export (formats/storage.py), the most they take at once (shards and exports
 side by side) and what stays (the exports alone where the shards are released: `released_partitions`),
 and the room on the filesystem each output goes to: its free space, or less where a quota
@@ -150,6 +151,36 @@ def bounded_tokens(config: dict, partition: str, results: Path) -> Tokens | None
             tokens += count * sample
             samples += count
     return Tokens(tokens, samples, "upper bound (prompts, max tokens per turn)")
+
+
+def responded_tokens(config: dict, partition: str, results: Path) -> Tokens | None:
+    """The tokens of a partition's samples counted from its response shards (None before every one exists):
+    a sample per answered row (per assistant turn with tokens.thinking: keep_all), an answer the model gave
+    counted by its usage (its prompt's tokens and its own: the conversation up to its end), one without
+    (a `dataset` twin's, the record's own) at one token per byte of the conversation's text and the
+    template's tokens, as the prompts' bound; at most tokens.max_length a sample."""
+    max_length = config["tokens"]["max_length"]
+    every_turn = config["tokens"]["thinking"] == "keep_all"
+    tokens = samples = 0
+    for shard in shard_names(config, partition):
+        path = results / partition / "responses" / f"{shard}.jsonl.zst"
+        if not path.is_file():
+            return None
+        for _, row in iter_jsonl(path):
+            if row.get("status") == "failed":
+                continue
+            messages = row["messages"]
+            answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+            for end in answers if every_turn else answers[-1:]:
+                usage = messages[end].get("usage") or {}
+                if usage.get("prompt_tokens") is not None and usage.get("completion_tokens") is not None:
+                    sample = usage["prompt_tokens"] + usage["completion_tokens"]
+                else:
+                    text = sum(len(orjson.dumps(m)) for m in messages[: end + 1])
+                    sample = text + TEMPLATE_TOKENS_PER_PROMPT + TEMPLATE_TOKENS_PER_MESSAGE * (end + 1)
+                tokens += min(max_length, sample)
+                samples += 1
+    return Tokens(tokens, samples, "counted (responses' usage)")
 
 
 def estimated_tokens(config: dict, partition: str) -> Tokens | None:

@@ -8,8 +8,9 @@ preview on a laptop without the key or the model still works. The dry-run does n
 are up to date, so it counts every job the config's workflow has.
 
 The disk check needs no plan: it counts the bytes of the shards and exports the jobs write from the
-tokens stage's measured counts, before those exist bounds them from the prompts, and before the prompts
-exist (a first run) estimates them from the sources' records (workflow/disk.py), less what the outputs
+tokens stage's measured counts, before those exist from the responses' usage, before those bounds them
+from the prompts, and before the prompts exist (a first run) estimates them from the sources' records
+(workflow/disk.py), less what the outputs
 they replace hold, against the room on the filesystem each output goes to: its free space, or less where
 the user's quota (workflow/quota.py) or `resources.disk_quota_bytes` leaves less. Each capture job checks
 its own shard the same way before it writes (scripts/hidden_states.py). A probe or export
@@ -273,13 +274,17 @@ def _runs(python: str, code: str, environ: Mapping[str, str]) -> bool:
 
 def _disk_writes(config: dict, jobs: list[Job], results: Path) -> tuple[list[tuple[str, Path, int]], set[str]]:
     """(partition, output, bytes) of every shard and export `jobs` write, less what each output already holds
-    (Snakemake removes it before the job), counted from measured tokens or bounded from the prompts; and the
-    bases used. A partition whose source cannot be read here is not counted."""
+    (Snakemake removes it before the job), counted from measured tokens, the responses' usage, bounded from
+    the prompts or estimated from the source's records; and the bases used. A partition whose source cannot
+    be read here is not counted."""
     writes, bases = [], set()
     partitions = {j.partition for j in jobs if j.rule in ("hidden_states", "export") and j.partition}
     for partition in sorted(partitions):
-        tokens_scheduled = any(j.rule == "tokens" and j.partition == partition for j in jobs)
-        tokens = None if tokens_scheduled else disk.measured_tokens(config, partition, results)
+        # what a scheduled job rewrites counts for nothing: the stage above it counts instead
+        rewritten = {j.rule for j in jobs if j.partition == partition}
+        tokens = None if "tokens" in rewritten else disk.measured_tokens(config, partition, results)
+        if tokens is None and not rewritten & set(RESPONSE_RULES):
+            tokens = disk.responded_tokens(config, partition, results)
         tokens = tokens or disk.bounded_tokens(config, partition, results) or disk.estimated_tokens(config, partition)
         if tokens is None:
             continue
@@ -312,7 +317,7 @@ def _disk_problems(config: dict, jobs: list[Job], results: Path, environ: Mappin
     for need in disk.needs_by_filesystem(writes, results, config["resources"]["disk_quota_bytes"], dict(environ)):
         if not need.exceeded:
             continue
-        bounded = any(not b.startswith("measured") for b in bases)
+        bounded = any(not b.startswith(("measured", "counted")) for b in bases)
         found.append(
             f"the hidden-state shards and exports of {', '.join(need.partitions)} need up to "
             f"{need.needed / 2**30:,.1f} GiB at once ({' and '.join(sorted(bases))}), but {need.room}: free "
