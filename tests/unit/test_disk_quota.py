@@ -92,7 +92,8 @@ def test_the_quota_tools_reports_are_read_and_the_tightest_quota_counts(tmp_path
         ]
     )
     assert [(r.title, r.used, r.left) for r in quota.parse_report(lfs)] == [("usr bob", 7248 * 1024, 0)]
-    assert quota.quota_commands(Path("/lustre/scratch"), "lustre")[0][:3] == ["lfs", "quota", "-u"]
+    [user, group] = quota.quota_commands(Path("/lustre/scratch"), "10.0.0.1@o2ib:/scratch", "lustre")
+    assert (user[:3], group[:3], user[-1]) == (["lfs", "quota", "-u"], ["lfs", "quota", "-g"], "/lustre/scratch")
 
     tools = stand_in_tool(tmp_path / "bin", "quota", report)
     mount = disk.filesystem(tmp_path)[1]
@@ -100,6 +101,34 @@ def test_the_quota_tools_reports_are_read_and_the_tightest_quota_counts(tmp_path
     assert found == quota.QuotaLeft(8 * 2**20, f"group hpc's quota (quota -u -g -w -p -f {mount})")
     assert (tools / "quota.args").read_text() == f"-u -g -w -p -f {mount}\n"
     assert quota.quota_left(mount, {"PATH": VENV_BIN}) is None  # no tool: free space alone
+
+
+MMLSQUOTA_HEADER = (
+    "mmlsquota::HEADER:version:reserved:reserved:filesystemName:quotaType:id:name:blockUsage:blockQuota:"
+    "blockLimit:blockInDoubt:blockGrace:filesUsage:filesQuota:filesLimit:filesInDoubt:filesGrace:remarks:quota:"
+    "defQuota:fid:filesetname:"
+)
+
+
+def test_gpfs_quotas_are_read_from_mmlsquota_records(tmp_path, monkeypatch):
+    """`mmlsquota -Y` on a GPFS mount (a stand-in printing its records: their HEADER's field names as
+    IBM Storage Scale prints them; no GPFS here): the rows of that file system, the usage in doubt counted
+    as used."""
+    report = "\n".join(
+        [
+            MMLSQUOTA_HEADER,
+            "mmlsquota::0:1:::gpfs0:USR:1001:alice:1048576:2097152:3145728:1024:none:1000:0:0:0:none:e:on:off:::",
+            "mmlsquota::0:1:::gpfs1:USR:1001:alice:10:20:30:0:none:1:0:0:0:none:e:on:off:::",
+        ]
+    )
+    rows = quota.parse_mmlsquota(report, "/dev/gpfs0")
+    assert rows == [quota.QuotaRow("usr alice", (1048576 + 1024) * 1024, 2097152 * 1024, 3145728 * 1024)]
+    assert rows[0].left == (2097152 - 1048576 - 1024) * 1024
+    tools = stand_in_tool(tmp_path / "bin", "mmlsquota", report)
+    monkeypatch.setattr(quota, "mounted", lambda mount: ("gpfs0", "gpfs"))
+    found = quota.quota_left(Path("/gpfs/gpfs0"), {"PATH": f"{tools}:{VENV_BIN}"})
+    assert found.left == rows[0].left and found.said.startswith("usr alice's quota (mmlsquota -u ")
+    assert (tools / "mmlsquota.args").read_text().splitlines()[0].endswith(" -Y gpfs0")
 
 
 def test_a_quota_smaller_than_the_plans_bytes_is_refused(tmp_path):

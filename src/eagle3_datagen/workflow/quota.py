@@ -2,10 +2,11 @@
 
 Clusters hand out quotas per user, group or project on Lustre, GPFS and NFS: `statvfs` then reports the
 filesystem's free space (petabytes), and a write fails with EDQUOT once the quota is spent. Lustre
-reports its quotas with `lfs quota` (lfs.c's `print_quota`); the others, NFS (through rpc.rquotad)
-included, with the Linux quota tools' `quota` (quota-tools 4.x, quota.c's `showquotas`). Both print one
-row per filesystem and quota type: the filesystem (on a line of its own where it is long), then space
-used, soft and hard limit in KiB and its grace, then the same for files:
+reports its quotas with `lfs quota` (lfs.c's `print_quota`), GPFS (IBM Storage Scale) with `mmlsquota
+-Y` (colon-separated records under a HEADER record that names the fields), the others, NFS (through
+rpc.rquotad) included, with the Linux quota tools' `quota` (quota-tools 4.x, quota.c's `showquotas`).
+`lfs quota` and `quota` print one row per filesystem and quota type: the filesystem (on a line of its
+own where it is long), then space used, soft and hard limit in KiB and its grace, then the same for files:
 
     Disk quotas for user alice (uid 1000):
          Filesystem  blocks   quota   limit   grace   files   quota   limit   grace
@@ -29,6 +30,7 @@ from pathlib import Path
 
 KIB = 1024
 TOOL_TIMEOUT_S = 30
+GPFS_BIN = "/usr/lpp/mmfs/bin"  # where IBM Storage Scale installs its commands, often not on PATH
 NUMBER = re.compile(r"^\[?(\d+)\*?\]?\*?$")
 
 
@@ -66,6 +68,33 @@ def parse_report(text: str) -> list[QuotaRow]:
     return rows
 
 
+def parse_mmlsquota(text: str, device: str) -> list[QuotaRow]:
+    """The rows of `mmlsquota -Y` for the file system `device` (its name, or /dev/ and its name): usage,
+    soft and hard limit in KiB, and the usage in doubt, which counts as used (the in-doubt value and the
+    usage together may not exceed the hard limit)."""
+    fields, rows = None, []
+    for line in text.splitlines():
+        record = line.split(":")
+        if len(record) < 3 or record[0] != "mmlsquota":
+            continue
+        if record[2] == "HEADER":
+            fields = record
+            continue
+        if fields is None or len(record) < len(fields):
+            continue
+        row = dict(zip(fields, record, strict=False))
+        if row.get("filesystemName") != device.removeprefix("/dev/"):
+            continue
+        try:
+            used = int(row["blockUsage"]) + int(row.get("blockInDoubt") or 0)
+            soft, hard = int(row["blockQuota"]), int(row["blockLimit"])
+        except (KeyError, ValueError):
+            continue
+        title = f"{row.get('quotaType', '').lower()} {row.get('name') or row.get('filesetname') or ''}".strip()
+        rows.append(QuotaRow(title, used * KIB, soft * KIB, hard * KIB))
+    return rows
+
+
 @dataclass(frozen=True)
 class QuotaLeft:
     """What the tightest quota on a filesystem leaves, and which report said so."""
@@ -74,25 +103,27 @@ class QuotaLeft:
     said: str  # e.g. "user alice's quota (quota -u -g -w -p -f /home)"
 
 
-def filesystem_type(mount: Path) -> str | None:
-    """The type /proc/mounts gives the filesystem mounted at `mount` (the last mount there wins)."""
+def mounted(mount: Path) -> tuple[str, str] | None:
+    """(device, type) /proc/mounts gives the filesystem mounted at `mount` (the last mount there wins)."""
     found = None
     try:
         with open("/proc/mounts") as f:
             for line in f:
                 fields = line.split()
                 if len(fields) > 2 and fields[1].replace("\\040", " ") == str(mount):
-                    found = fields[2]
+                    found = fields[0], fields[2]
     except OSError:
         return None
     return found
 
 
-def quota_commands(mount: Path, fs_type: str | None) -> list[list[str]]:
+def quota_commands(mount: Path, device: str, fs_type: str | None) -> list[list[str]]:
     """The reports that tell the quotas of the user and their group on the filesystem at `mount`."""
+    user, group = getpass.getuser(), grp.getgrgid(os.getgid()).gr_name
     if fs_type == "lustre":
-        user, group = getpass.getuser(), grp.getgrgid(os.getgid()).gr_name
         return [["lfs", "quota", "-u", user, str(mount)], ["lfs", "quota", "-g", group, str(mount)]]
+    if fs_type == "gpfs":
+        return [["mmlsquota", "-u", user, "-Y", device], ["mmlsquota", "-g", group, "-Y", device]]
     # -w: no wrapped rows; -p: grace as a number (always a field); -f: this filesystem only
     return [["quota", "-u", "-g", "-w", "-p", "-f", str(mount)]]
 
@@ -101,15 +132,20 @@ def quota_left(mount: Path, environ: dict[str, str] | None = None) -> QuotaLeft 
     """What the tightest quota of the user or their groups leaves on the filesystem at `mount`; None where
     no quota tool is installed or none reports a limit there."""
     environ = dict(os.environ if environ is None else environ)
+    device, fs_type = mounted(mount) or ("", None)
     tightest = None
-    for command in quota_commands(mount, filesystem_type(mount)):
-        if shutil.which(command[0], path=environ.get("PATH")) is None:
+    for command in quota_commands(mount, device, fs_type):
+        tool = shutil.which(command[0], path=environ.get("PATH")) or shutil.which(command[0], path=GPFS_BIN)
+        if tool is None:
             continue
         try:  # `quota` exits 1 when a quota is exceeded: its report is what counts
-            report = subprocess.run(command, capture_output=True, text=True, env=environ, timeout=TOOL_TIMEOUT_S)
+            report = subprocess.run(
+                [tool, *command[1:]], capture_output=True, text=True, env=environ, timeout=TOOL_TIMEOUT_S
+            )
         except (OSError, subprocess.TimeoutExpired):
             continue
-        for row in parse_report(report.stdout):
+        rows = parse_mmlsquota(report.stdout, device) if fs_type == "gpfs" else parse_report(report.stdout)
+        for row in rows:
             if row.left is not None and (tightest is None or row.left < tightest.left):
                 tightest = QuotaLeft(row.left, f"{row.title}'s quota ({' '.join(command)})")
     return tightest
