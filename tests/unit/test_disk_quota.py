@@ -241,8 +241,8 @@ def test_a_first_run_without_prompts_is_estimated_from_the_sources_records(tmp_p
 
 def test_before_the_tokens_exist_the_responses_usage_counts(tmp_path):
     """An answer the model gave counts its usage (prompt and completion tokens); the `dataset` twin's record
-    answers a byte a token with the template's; a failed row nothing. Where the responses rerun, the stage
-    above them counts instead (here, without prompts, the sources' estimate)."""
+    answers are estimated (3 bytes a token, the template's 64); a failed row counts nothing. Where the
+    responses rerun, the stage above them counts instead (here, without prompts, the sources' estimate)."""
     from eagle3_datagen.formats.files import write_jsonl_zst
 
     config = demo_config(tmp_path / "model")
@@ -262,7 +262,7 @@ def test_before_the_tokens_exist_the_responses_usage_counts(tmp_path):
     write_jsonl_zst(results / f"{PARTITION}+original/responses/00000.jsonl.zst", [{"id": "a", "messages": [user, own]}])
     write_jsonl_zst(results / f"{PARTITION}+original/responses/00001.jsonl.zst", [])
     text = len(b'{"role":"user","content":"What is the capital of France?"}{"role":"assistant","content":"Paris."}')
-    assert disk.responded_tokens(config, PARTITION + "+original", results).tokens == text + 64 + 2 * 32
+    assert disk.responded_tokens(config, PARTITION + "+original", results).tokens == -(-text // 3) + 64
     _, bases = _disk_writes(config, JOBS, results)
     assert bases == {"counted (responses' usage)"}
     _, bases = _disk_writes(config, [Job("responses", PARTITION), *JOBS], results)

@@ -157,8 +157,8 @@ def responded_tokens(config: dict, partition: str, results: Path) -> Tokens | No
     """The tokens of a partition's samples counted from its response shards (None before every one exists):
     a sample per answered row (per assistant turn with tokens.thinking: keep_all), an answer the model gave
     counted by its usage (its prompt's tokens and its own: the conversation up to its end), one without
-    (a `dataset` twin's, the record's own) at one token per byte of the conversation's text and the
-    template's tokens, as the prompts' bound; at most tokens.max_length a sample."""
+    (a `dataset` twin's, the record's own) estimated as a first run's: the conversation's JSON bytes at
+    SOURCE_BYTES_PER_TOKEN and the template's tokens; at most tokens.max_length a sample."""
     max_length = config["tokens"]["max_length"]
     every_turn = config["tokens"]["thinking"] == "keep_all"
     tokens = samples = 0
@@ -177,7 +177,7 @@ def responded_tokens(config: dict, partition: str, results: Path) -> Tokens | No
                     sample = usage["prompt_tokens"] + usage["completion_tokens"]
                 else:
                     text = sum(len(orjson.dumps(m)) for m in messages[: end + 1])
-                    sample = text + TEMPLATE_TOKENS_PER_PROMPT + TEMPLATE_TOKENS_PER_MESSAGE * (end + 1)
+                    sample = math.ceil(text / SOURCE_BYTES_PER_TOKEN) + TEMPLATE_TOKENS_PER_PROMPT
                 tokens += min(max_length, sample)
                 samples += 1
     return Tokens(tokens, samples, "counted (responses' usage)")
