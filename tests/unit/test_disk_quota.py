@@ -2,10 +2,12 @@
 (eagle3_datagen.workflow.disk, workflow.quota, workflow.preflight; the capture job's own check)."""
 
 import errno
+import json
 import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -204,6 +206,20 @@ def test_a_filesystem_that_fills_refuses_the_run_and_each_capture_job(tmp_path, 
     problem = disk.capture_room_problem(tokens, out, settings, env)
     assert problem.startswith(f"the hidden-state shard {out} needs about 0.00 GiB (1,000 tokens measured in ")
     assert f"but 0.0 GiB are free on the filesystem at {small_filesystem}: nothing was written" in problem
+    # the capture job's script, with the rule's settings and the workflow's run settings, refuses to start
+    job = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts/hidden_states.py"),
+            *("--tokens", str(tokens), "--out", str(out)),
+            *("--settings", json.dumps(hidden_settings(config))),
+            *("--run-settings", json.dumps(hidden_run_settings(config))),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert job.returncode == 2
+    assert job.stderr.splitlines()[-1].startswith(f"error: [Errno {errno.EDQUOT}] the hidden-state shard {out} needs")
     assert not out.exists()
     ballast.unlink()
     assert disk.capture_room_problem(tokens, out, settings, env) is None
