@@ -43,7 +43,7 @@ TEMPLATE_TOKENS_PER_MESSAGE = 32
 TEMPLATE_TOKENS_PER_PROMPT = 64
 # A first run's estimate counts a source record's JSON bytes at this many per token: BPE tokenizers take
 # about 4 bytes of English text a token, fewer of code and other scripts; a record's keys and quoting
-# count as text (the demo's records measure 4.3 bytes a token with their template: docs/plan.md).
+# count as text (on the demo the estimate comes out 2.6-6.8x the bytes written: bench/disk_basis.py).
 SOURCE_BYTES_PER_TOKEN = 3
 
 
