@@ -258,7 +258,8 @@ def test_a_first_run_without_prompts_is_estimated_from_the_sources_records(tmp_p
 def test_before_the_tokens_exist_the_responses_usage_counts(tmp_path):
     """An answer the model gave counts its usage (prompt and completion tokens); the `dataset` twin's record
     answers are estimated (3 bytes a token, the template's 64); a failed row counts nothing. Where the
-    responses rerun, the stage above them counts instead (here, without prompts, the sources' estimate)."""
+    responses rerun, the stage above them counts instead: the prompts' bound, or where those rerun too (or
+    do not exist) the sources' estimate."""
     from eagle3_datagen.formats.files import write_jsonl_zst
 
     config = demo_config(tmp_path / "model")
@@ -283,3 +284,11 @@ def test_before_the_tokens_exist_the_responses_usage_counts(tmp_path):
     assert bases == {"counted (responses' usage)"}
     _, bases = _disk_writes(config, [Job("responses", PARTITION), *JOBS], results)
     assert bases == {"estimate (source records, max tokens per turn)"}  # no prompts here: the sources
+    write_jsonl_zst(results / PARTITION / "prompts/00000.jsonl.zst", [{"id": "a", "messages": [user]}])
+    write_jsonl_zst(results / PARTITION / "prompts/00001.jsonl.zst", [])
+    _, bases = _disk_writes(config, [Job("responses", PARTITION), *JOBS], results)
+    assert bases == {"upper bound (prompts, max tokens per turn)"}
+    _, bases = _disk_writes(
+        config, [Job(f"prompts_{PARTITION}", PARTITION), Job("responses", PARTITION), *JOBS], results
+    )
+    assert bases == {"estimate (source records, max tokens per turn)"}  # the prompts rerun too: the sources

@@ -10,10 +10,10 @@ are up to date, so it counts every job the config's workflow has.
 The disk check needs no plan: it counts the bytes of the shards and exports the jobs write from the
 tokens stage's measured counts, before those exist from the responses' usage, before those bounds them
 from the prompts, and before the prompts exist (a first run) estimates them from the sources' records
-(workflow/disk.py), less what the outputs
-they replace hold, against the room on the filesystem each output goes to: its free space, or less where
-the user's quota (workflow/quota.py) or `resources.disk_quota_bytes` leaves less. Each capture job checks
-its own shard the same way before it writes (scripts/hidden_states.py). A probe or export
+(workflow/disk.py), less what the outputs they replace hold, against the room on the filesystem each
+output goes to: its free space, or less where the user's quota (workflow/quota.py) or
+`resources.disk_quota_bytes` leaves less. Each capture job checks its own shard the same way before it
+writes (scripts/hidden_states.py). A probe or export
 that would read shards whose parts were removed after the exports (hidden_states.keep_shards: false)
 stops a run too, naming the cost of rerunning it.
 
@@ -34,7 +34,7 @@ from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, RESPONSE_RULES,
 from eagle3_datagen.backends.sglang.server import launch_command
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.workflow import disk
-from eagle3_datagen.workflow.partitions import inference_backend, shard_names
+from eagle3_datagen.workflow.partitions import inference_backend, prompt_partition, shard_names
 
 # Rules whose jobs read nothing of the model: the prompts (one rule per partition), the reports, and
 # the demo's model builder (which makes it).
@@ -285,7 +285,9 @@ def _disk_writes(config: dict, jobs: list[Job], results: Path) -> tuple[list[tup
         tokens = None if "tokens" in rewritten else disk.measured_tokens(config, partition, results)
         if tokens is None and not rewritten & set(RESPONSE_RULES):
             tokens = disk.responded_tokens(config, partition, results)
-        tokens = tokens or disk.bounded_tokens(config, partition, results) or disk.estimated_tokens(config, partition)
+        if tokens is None and not any(j.rule == f"prompts_{prompt_partition(partition)}" for j in jobs):
+            tokens = disk.bounded_tokens(config, partition, results)
+        tokens = tokens or disk.estimated_tokens(config, partition)
         if tokens is None:
             continue
         bases.add(tokens.basis)
@@ -325,7 +327,7 @@ def _disk_problems(config: dict, jobs: list[Job], results: Path, environ: Mappin
             "gzip), or put results/ on a larger disk"
             + (
                 "; or run up to the tokens first (`--until tokens`): the check then counts their measured "
-                "tokens instead of this bound"
+                "tokens instead of this count"
                 if bounded
                 else ""
             )
