@@ -1,16 +1,21 @@
 #!/usr/bin/env python
 """Capture EAGLE-3 auxiliary and final hidden states for one token shard.
 
+Before it writes anything, the job checks its shard's bytes against the room where --out goes (free
+space, the user's quota, resources.disk_quota_bytes: workflow/disk.py) and refuses to start without it.
 The forward passes run in the node's capture runner (scripts/capture_runner.py), which the first
 hidden-state job on the node starts and the later ones reuse: the model loads once per node and run.
 Another copy of the same job (a restarted controller's) waits until this one is done.
 """
 
+import errno
 from pathlib import Path
 
 from eagle3_datagen import cli
+from eagle3_datagen.formats.files import DiskFull
 from eagle3_datagen.formats.shard_lease import one_copy
 from eagle3_datagen.stages.hidden.runner import CaptureFailed, capture_with_runner
+from eagle3_datagen.workflow.disk import capture_room_problem
 
 RUNNER = Path(__file__).resolve().with_name("capture_runner.py")
 
@@ -21,6 +26,9 @@ def main() -> None:
     p.add_argument("--out", required=True, help="shard directory to create")
     args = p.parse_args()
     cli.setup(args, "hidden_states", torch_threads=False)  # the runner computes, with --threads
+    problem = capture_room_problem(Path(args.tokens), Path(args.out), args.settings)
+    if problem:
+        raise DiskFull(errno.EDQUOT, problem)
     with one_copy([args.out], [args.tokens]) as done:
         if not done:
             capture_with_runner(args.tokens, args.out, args.settings, args.threads, RUNNER)

@@ -188,7 +188,7 @@ def test_the_disk_check_counts_each_output_on_its_own_filesystem(tmp_path):
         (results / "B1_glaive/export").symlink_to(elsewhere)
         jobs = [Job("hidden_states", "B1_glaive"), Job("export", "B1_glaive", format="specforge")]
         writes, bases = preflight._disk_writes(config, jobs, results)
-        needs = {str(n.where): n.needed for n in disk.needs_by_filesystem(writes)}
+        needs = {str(n.where): n.needed for n in disk.needs_by_filesystem(writes, results)}
         counted = disk.partition_bytes(config, "B1_glaive", disk.measured_tokens(config, "B1_glaive", results), results)
         assert needs == {
             str(disk.filesystem(results)[1]): counted.shards // 16 * 16,

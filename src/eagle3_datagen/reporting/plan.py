@@ -330,8 +330,14 @@ def make_plan(
         writes.append((r.partition, results / r.partition / "hidden", r.disk["shard_bytes"]))
         writes += [(r.partition, results / r.partition / "export" / f, b) for f, b in r.disk["export_bytes"].items()]
     filesystems = [
-        {"where": str(n.where), "free_bytes": n.free, "needed_bytes": n.needed, "partitions": n.partitions}
-        for n in disk.needs_by_filesystem(writes)
+        {
+            "where": str(n.where),
+            "free_bytes": n.room.left,  # the room: free space, or what a quota leaves where it is less
+            "room": n.room.said,
+            "needed_bytes": n.needed,
+            "partitions": n.partitions,
+        }
+        for n in disk.needs_by_filesystem(writes, results, config["resources"]["disk_quota_bytes"])
     ]
     return {
         "partitions": [asdict(r) for r in rows],
@@ -402,8 +408,8 @@ def format_plan(plan: dict) -> str:
         if fs["needed_bytes"] > fs["free_bytes"]:
             lines.append(
                 f"\nWARNING: the shards and exports of {', '.join(fs['partitions'])} need up to "
-                f"{_fmt(fs['needed_bytes'], 'bytes')} at once, but only {_fmt(fs['free_bytes'], 'bytes')} are free "
-                f"on the filesystem at {fs['where']}"
+                f"{_fmt(fs['needed_bytes'], 'bytes')} at once, but only {_fmt(fs['free_bytes'], 'bytes')} are "
+                f"{fs['room']}"
             )
     if plan["recapture"]:
         lines.append(
@@ -459,6 +465,6 @@ def _disk_lines(plan: dict) -> list[str]:
     for fs in plan["filesystems"]:
         lines.append(
             f"filesystem at {fs['where']}: up to {_fmt(fs['needed_bytes'], 'bytes')} at once, "
-            f"{_fmt(fs['free_bytes'], 'bytes')} free"
+            f"{_fmt(fs['free_bytes'], 'bytes')} {fs['room'].split(' on the filesystem at ')[0]}"
         )
     return lines

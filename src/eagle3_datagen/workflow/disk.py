@@ -1,12 +1,15 @@
 """What a run's hidden states take on disk, and which copy of them stays.
 
 Per partition: the tokens its samples hold (measured by the tokens stage's audits once they exist; before
-that an upper bound from the prompts: their bytes and the max tokens per turn, at most tokens.max_length
-a sample), the bytes of its shards and of each export (formats/storage.py), the most they take at once
-(shards and exports side by side) and what stays (the exports alone where the shards are released:
-`released_partitions`), and the free space of the filesystem each output goes to. The preflight checks
-a run's bytes with it before any job, without a plan; the plan prints them. Torch-free: the Snakefile
-imports it.
+that counted from the responses' usage; before those an upper bound from the prompts: their bytes and the
+max tokens per turn; before the prompts exist, a first run's, an estimate from the source's records; each
+sample at most tokens.max_length), the bytes
+of its shards and of each export (formats/storage.py), the most they take at once (shards and exports
+side by side) and what stays (the exports alone where the shards are released: `released_partitions`),
+and the room on the filesystem each output goes to: its free space, or less where a quota
+(workflow/quota.py) or `resources.disk_quota_bytes` leaves less. The preflight checks a run's bytes with
+it before any job, without a plan, and each capture job its own shard's before it writes; the plan prints
+them. Torch-free: the Snakefile imports it.
 """
 
 from __future__ import annotations
@@ -19,11 +22,18 @@ from pathlib import Path
 
 import orjson
 
-from eagle3_datagen.formats import storage
+from eagle3_datagen.formats import sources, storage
 from eagle3_datagen.formats.checkpoint import text_config
-from eagle3_datagen.formats.files import iter_jsonl, read_json
+from eagle3_datagen.formats.files import InputError, iter_jsonl, read_json
 from eagle3_datagen.formats.trainer_exports import EXPORTS, TrainerExport
-from eagle3_datagen.workflow.partitions import baseline_partitions, inference_backend, prompt_partition, shard_names
+from eagle3_datagen.workflow import quota
+from eagle3_datagen.workflow.partitions import (
+    baseline_partitions,
+    inference_backend,
+    partition_config,
+    prompt_partition,
+    shard_names,
+)
 from eagle3_datagen.workflow.settings import DATASET
 
 RELEASED = "released.json"  # formats/hidden_shard.py's marker (that module imports torch)
@@ -31,6 +41,10 @@ RELEASED = "released.json"  # formats/hidden_shard.py's marker (that module impo
 # system prompt), beyond the text's own: the prompts' bound counts at most one token per byte of text.
 TEMPLATE_TOKENS_PER_MESSAGE = 32
 TEMPLATE_TOKENS_PER_PROMPT = 64
+# A first run's estimate counts a source record's JSON bytes at this many per token: BPE tokenizers take
+# about 4 bytes of English text a token, fewer of code and other scripts; a record's keys and quoting
+# count as text (on the demo the estimate comes out 2.6-6.8x the bytes written: bench/disk_basis.py).
+SOURCE_BYTES_PER_TOKEN = 3
 
 
 def hidden_size(config: dict) -> int:
@@ -139,6 +153,59 @@ def bounded_tokens(config: dict, partition: str, results: Path) -> Tokens | None
     return Tokens(tokens, samples, "upper bound (prompts, max tokens per turn)")
 
 
+def responded_tokens(config: dict, partition: str, results: Path) -> Tokens | None:
+    """The tokens of a partition's samples counted from its response shards (None before every one exists):
+    a sample per answered row (per assistant turn with tokens.thinking: keep_all), an answer the model gave
+    counted by its usage (its prompt's tokens and its own: the conversation up to its end), one without
+    (a `dataset` twin's, the record's own) estimated as a first run's: the conversation's JSON bytes at
+    SOURCE_BYTES_PER_TOKEN and the template's tokens; at most tokens.max_length a sample."""
+    max_length = config["tokens"]["max_length"]
+    every_turn = config["tokens"]["thinking"] == "keep_all"
+    tokens = samples = 0
+    for shard in shard_names(config, partition):
+        path = results / partition / "responses" / f"{shard}.jsonl.zst"
+        if not path.is_file():
+            return None
+        for _, row in iter_jsonl(path):
+            if row.get("status") == "failed":
+                continue
+            messages = row["messages"]
+            answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+            for end in answers if every_turn else answers[-1:]:
+                usage = messages[end].get("usage") or {}
+                if usage.get("prompt_tokens") is not None and usage.get("completion_tokens") is not None:
+                    sample = usage["prompt_tokens"] + usage["completion_tokens"]
+                else:
+                    text = sum(len(orjson.dumps(m)) for m in messages[: end + 1])
+                    sample = math.ceil(text / SOURCE_BYTES_PER_TOKEN) + TEMPLATE_TOKENS_PER_PROMPT
+                tokens += min(max_length, sample)
+                samples += 1
+    return Tokens(tokens, samples, "counted (responses' usage)")
+
+
+def estimated_tokens(config: dict, partition: str) -> Tokens | None:
+    """A first run's estimate of a partition's tokens, before its prompts exist: one sample per record of
+    its source (the first `max_prompts`), each of the record's JSON bytes at SOURCE_BYTES_PER_TOKEN, the
+    template's tokens and one regenerated turn's max tokens (a `dataset` twin's answers are the record's
+    own), at most tokens.max_length. None where the source cannot be read here (the prompts job says why)."""
+    settings = partition_config(config, partition)
+    max_length = config["tokens"]["max_length"]
+    per_turn = 0 if inference_backend(config, partition) == DATASET else max_turn_tokens(config, partition)
+    limit = settings.get("max_prompts")
+    source = sources.Source(settings["source"], settings.get("subset"), settings.get("split"), settings.get("revision"))
+    tokens = samples = 0
+    try:
+        for _, _, record in sources.iter_source(sources.resolve(source)):
+            text = math.ceil(len(orjson.dumps(record)) / SOURCE_BYTES_PER_TOKEN)
+            tokens += min(max_length, text + TEMPLATE_TOKENS_PER_PROMPT + per_turn)
+            samples += 1
+            if samples == limit:
+                break
+    except (InputError, OSError):
+        return None
+    return Tokens(tokens, samples, "estimate (source records, max tokens per turn)")
+
+
 def observed_shard_ratio(
     results: Path, dtype: str, compress: str, level: int, partition: str | None = None
 ) -> tuple[float, str]:
@@ -211,17 +278,27 @@ class PartitionBytes:
         }
 
 
-def partition_bytes(config: dict, partition: str, tokens: Tokens, results: Path) -> PartitionBytes:
-    """The bytes of a partition's shards and exports for `tokens`, compressed at the observed or assumed ratios."""
-    states = stored_states(config)
-    hidden = config["hidden_states"]
-    ratio, ratio_basis = observed_shard_ratio(
+def stored_shard_bytes(
+    states: storage.States, hidden: dict, tokens: Tokens, shards: int, results: Path, partition: str
+) -> tuple[int, float, str]:
+    """The bytes of `shards` shards holding `tokens`, compressed at the observed or assumed ratio; the ratio
+    and its basis."""
+    ratio, basis = observed_shard_ratio(
         results, hidden["dtype"], hidden["compress"], hidden["compress_level"], partition
     )
     per_token = storage.shard_bytes_per_token(
         states.dtype, states.scales, states.scale_block, states.aux_layers, states.hidden_size
     )
-    parts = math.ceil(tokens.tokens * per_token / hidden["shard_bytes"]) + len(shard_names(config, partition))
+    parts = math.ceil(tokens.tokens * per_token / hidden["shard_bytes"]) + shards
+    return states.shard_bytes(tokens.tokens, tokens.samples, parts, ratio, shards), ratio, basis
+
+
+def partition_bytes(config: dict, partition: str, tokens: Tokens, results: Path) -> PartitionBytes:
+    """The bytes of a partition's shards and exports for `tokens`, compressed at the observed or assumed ratios."""
+    states = stored_states(config)
+    hidden = config["hidden_states"]
+    shards = len(shard_names(config, partition))
+    shard_bytes, ratio, ratio_basis = stored_shard_bytes(states, hidden, tokens, shards, results, partition)
     basis = [f"shards: {states.dtype} {hidden['compress']} x {ratio:.3f} ({ratio_basis})"]
     exports = {}
     for fmt in exported_formats(config, partition):
@@ -234,7 +311,7 @@ def partition_bytes(config: dict, partition: str, tokens: Tokens, results: Path)
         partition=partition,
         tokens=tokens,
         bf16=tokens.tokens * states.bf16_bytes_per_token,
-        shards=states.shard_bytes(tokens.tokens, tokens.samples, parts, ratio, len(shard_names(config, partition))),
+        shards=shard_bytes,
         exports=exports,
         released=partition in released_partitions(config),
         basis=basis,
@@ -261,29 +338,93 @@ def filesystem(path: Path) -> tuple[int, Path]:
     return os.stat(existing).st_dev, mount
 
 
+@dataclass(frozen=True)
+class Room:
+    """What can still be written to a filesystem before a write fails, and what says so."""
+
+    left: int
+    said: str  # completes "N GiB are ...": "free on the filesystem at /scratch", "left by ..."
+
+    def __str__(self) -> str:
+        return f"{self.left / 2**30:,.1f} GiB are {self.said}"
+
+
+def room(where: Path, results: Path, stated_quota: int | None, environ: dict[str, str] | None = None) -> Room:
+    """The room for writes to `where`: the smallest of its filesystem's free space, what the user's or their
+    groups' quota leaves there (the quota tools on `environ`'s PATH), and what `resources.disk_quota_bytes`
+    (`stated_quota`, a cap on what results/ holds) leaves."""
+    _, mount = filesystem(where)
+    found = [Room(shutil.disk_usage(mount).free, f"free on the filesystem at {mount}")]
+    reported = quota.quota_left(mount, environ)
+    if reported is not None:
+        found.append(Room(reported.left, f"left by {reported.said} on the filesystem at {mount}"))
+    if stated_quota is not None:
+        held = existing_bytes(results)
+        found.append(
+            Room(
+                max(0, stated_quota - held),
+                f"left of resources.disk_quota_bytes ({stated_quota / 2**30:,.1f} GiB, of which {results} "
+                f"holds {held / 2**30:,.1f} GiB)",
+            )
+        )
+    return min(found, key=lambda r: r.left)
+
+
 @dataclass
 class FilesystemNeed:
-    """The bytes a run writes onto one filesystem, against what is free there."""
+    """The bytes a run writes onto one filesystem, against the room there."""
 
     where: Path
-    free: int
+    room: Room
     needed: int = 0
     partitions: list[str] = field(default_factory=list)
 
     @property
     def exceeded(self) -> bool:
-        return self.needed > self.free
+        return self.needed > self.room.left
 
 
-def needs_by_filesystem(writes: list[tuple[str, Path, int]]) -> list[FilesystemNeed]:
+def needs_by_filesystem(
+    writes: list[tuple[str, Path, int]],
+    results: Path,
+    stated_quota: int | None = None,
+    environ: dict[str, str] | None = None,
+) -> list[FilesystemNeed]:
     """`writes` (partition, output path, bytes) grouped by the filesystem each path goes to."""
     found: dict[int, FilesystemNeed] = {}
     for partition, path, size in writes:
-        device, existing = filesystem(path)
+        device, mount = filesystem(path)
         if device not in found:
-            found[device] = FilesystemNeed(existing, shutil.disk_usage(existing).free)
+            found[device] = FilesystemNeed(mount, room(path, results, stated_quota, environ))
         need = found[device]
         need.needed += size
         if partition not in need.partitions:
             need.partitions.append(partition)
     return list(found.values())
+
+
+def capture_room_problem(
+    tokens_path: Path, out: Path, settings: dict, environ: dict[str, str] | None = None
+) -> str | None:
+    """What a capture job checks before it writes anything: its shard's bytes (from the tokens stage's
+    audit of its token shard, beside it) against the room where `out` goes; a line naming the path, the
+    bytes and the room, or None when it fits (or the audit is missing: nothing to count)."""
+    audit = tokens_path.with_name(tokens_path.name.removesuffix(".jsonl.zst") + ".audit.json")
+    if not audit.is_file():
+        return None
+    counts = read_json(audit)["counts"]
+    tokens = Tokens(counts.get("tokens", 0), counts.get("samples_out", 0), "measured (token shard)")
+    hidden, results = settings["hidden_states"], out.parent.parent.parent
+    shape = {"model": settings["model"], "plan": {}, "hidden_states": hidden}
+    states = stored_states(shape)
+    needed, ratio, basis = stored_shard_bytes(states, hidden, tokens, 1, results, out.parent.parent.name)
+    needed -= existing_bytes(out)
+    left = room(out, results, settings.get("disk_quota_bytes"), environ)
+    if needed <= left.left:
+        return None
+    return (
+        f"the hidden-state shard {out} needs about {needed / 2**30:,.2f} GiB ({tokens.tokens:,} tokens measured "
+        f"in {audit}, {states.dtype} {hidden['compress']} x {ratio:.3f}, {basis}), but {left}: nothing was "
+        "written. Free space or quota there, store the states smaller (hidden_states.dtype, compress), or put "
+        "results/ on a larger disk, and rerun"
+    )

@@ -8,8 +8,12 @@ preview on a laptop without the key or the model still works. The dry-run does n
 are up to date, so it counts every job the config's workflow has.
 
 The disk check needs no plan: it counts the bytes of the shards and exports the jobs write from the
-tokens stage's measured counts, or before those exist bounds them from the prompts (workflow/disk.py),
-less what the outputs they replace hold, on the filesystem each output goes to. A probe or export
+tokens stage's measured counts, before those exist from the responses' usage, before those bounds them
+from the prompts, and before the prompts exist (a first run) estimates them from the sources' records
+(workflow/disk.py), less what the outputs they replace hold, against the room on the filesystem each
+output goes to: its free space, or less where the user's quota (workflow/quota.py) or
+`resources.disk_quota_bytes` leaves less. Each capture job checks its own shard the same way before it
+writes (scripts/hidden_states.py). A probe or export
 that would read shards whose parts were removed after the exports (hidden_states.keep_shards: false)
 stops a run too, naming the cost of rerunning it.
 
@@ -31,7 +35,7 @@ from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, RESPONSE_RULES,
 from eagle3_datagen.backends.sglang.server import launch_command
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.workflow import disk
-from eagle3_datagen.workflow.partitions import inference_backend, shard_names
+from eagle3_datagen.workflow.partitions import inference_backend, prompt_partition, shard_names
 
 # Rules whose jobs read nothing of the model: the prompts (one rule per partition), the reports, and
 # the demo's model builder (which makes it).
@@ -106,7 +110,7 @@ def problems(
     if not sglang_deployed:
         found += _sglang_problems(config, jobs, environ)
     found += _specforge_problems(config, jobs, environ, sglang_deployed)
-    found += _disk_problems(config, jobs, Path(results))
+    found += _disk_problems(config, jobs, Path(results), environ)
     if scheduled:
         found += _released_problems(config, jobs, Path(results))
     return found
@@ -273,14 +277,20 @@ def _runs(python: str, code: str, environ: Mapping[str, str]) -> bool:
 
 def _disk_writes(config: dict, jobs: list[Job], results: Path) -> tuple[list[tuple[str, Path, int]], set[str]]:
     """(partition, output, bytes) of every shard and export `jobs` write, less what each output already holds
-    (Snakemake removes it before the job), counted from measured tokens or bounded from the prompts; and the
-    bases used. A partition whose prompts do not exist yet is not counted."""
+    (Snakemake removes it before the job), counted from measured tokens, the responses' usage, bounded from
+    the prompts or estimated from the source's records; and the bases used. A partition whose source cannot
+    be read here is not counted."""
     writes, bases = [], set()
     partitions = {j.partition for j in jobs if j.rule in ("hidden_states", "export") and j.partition}
     for partition in sorted(partitions):
-        tokens_scheduled = any(j.rule == "tokens" and j.partition == partition for j in jobs)
-        tokens = None if tokens_scheduled else disk.measured_tokens(config, partition, results)
-        tokens = tokens or disk.bounded_tokens(config, partition, results)
+        # what a scheduled job rewrites counts for nothing: the stage above it counts instead
+        rewritten = {j.rule for j in jobs if j.partition == partition}
+        tokens = None if "tokens" in rewritten else disk.measured_tokens(config, partition, results)
+        if tokens is None and not rewritten & set(RESPONSE_RULES):
+            tokens = disk.responded_tokens(config, partition, results)
+        if tokens is None and not any(j.rule == f"prompts_{prompt_partition(partition)}" for j in jobs):
+            tokens = disk.bounded_tokens(config, partition, results)
+        tokens = tokens or disk.estimated_tokens(config, partition)
         if tokens is None:
             continue
         bases.add(tokens.basis)
@@ -301,24 +311,26 @@ def _disk_writes(config: dict, jobs: list[Job], results: Path) -> tuple[list[tup
     return writes, bases
 
 
-def _disk_problems(config: dict, jobs: list[Job], results: Path) -> list[str]:
+def _disk_problems(config: dict, jobs: list[Job], results: Path, environ: Mapping[str, str]) -> list[str]:
     """The bytes of the shards and exports `jobs` write, at most at once (released shards are counted: they
-    are removed only once the partition's exports are done), against the free space of the filesystem each
-    goes to."""
+    are removed only once the partition's exports are done), against the room on the filesystem each goes
+    to (free space, the quota tools' on the jobs' PATH, resources.disk_quota_bytes)."""
     writes, bases = _disk_writes(config, jobs, results)
+    if not writes:
+        return []
     found = []
-    for need in disk.needs_by_filesystem(writes):
+    for need in disk.needs_by_filesystem(writes, results, config["resources"]["disk_quota_bytes"], dict(environ)):
         if not need.exceeded:
             continue
-        bounded = any(b.startswith("upper bound") for b in bases)
+        bounded = any(not b.startswith(("measured", "counted")) for b in bases)
         found.append(
             f"the hidden-state shards and exports of {', '.join(need.partitions)} need up to "
-            f"{need.needed / 2**30:,.1f} GiB at once ({' and '.join(sorted(bases))}), but {need.free / 2**30:,.1f} GiB "
-            f"are free on the filesystem at {need.where}: free space, store them smaller (hidden_states.dtype, "
-            "compress; export.specforge.compress: gzip), or put results/ on a larger disk"
+            f"{need.needed / 2**30:,.1f} GiB at once ({' and '.join(sorted(bases))}), but {need.room}: free "
+            "space or quota there, store them smaller (hidden_states.dtype, compress; export.specforge.compress: "
+            "gzip), or put results/ on a larger disk"
             + (
                 "; or run up to the tokens first (`--until tokens`): the check then counts their measured "
-                "tokens instead of this upper bound"
+                "tokens instead of this count"
                 if bounded
                 else ""
             )

@@ -107,12 +107,13 @@ def hidden_settings(config: dict) -> dict:
 
 
 def hidden_run_settings(config: dict) -> dict:
-    """The capture's run-only settings, the GPUs its runner takes (SGLang's tensor-parallel size) and how it
-    waits for their memory."""
+    """The capture's run-only settings, the GPUs its runner takes (SGLang's tensor-parallel size), how it
+    waits for their memory, and the stated quota its disk check counts."""
     return {
         "hidden_states": split(config["hidden_states"], "hidden_states")[1],
         "tensor_parallel": gpus_for(config, "hidden_states") or 1,
         "handover": config["resources"]["handover"],
+        "disk_quota_bytes": config["resources"]["disk_quota_bytes"],
     }
 
 
