@@ -64,8 +64,23 @@ def samples_for(rows, model_dir, model_settings=THINKING_OFF):
     return samples
 
 
-def shard(tmp_path, name, samples, model_dir, final="normed", final_layer=None, storage=None):
-    capture = HFCapture(model_dir, "auto", final, {"dtype": "float32", "device": "cpu"})
+class OffByOneCapture(HFCapture):
+    """Final states one token early: row j holds the state of row j + 1, as a capture that drops a row writes."""
+
+    def __call__(self, batch):
+        return [(aux, torch.cat([final[1:], final[-1:]])) for aux, final in super().__call__(batch)]
+
+
+class ReversedAuxCapture(HFCapture):
+    """The auxiliary layers stored in reverse order (5, 4, 2 where index.json names 2, 4, 5)."""
+
+    def __call__(self, batch):
+        n = len(self.aux_layers)
+        return [(torch.cat(aux.chunk(n, dim=-1)[::-1], dim=-1), final) for aux, final in super().__call__(batch)]
+
+
+def shard(tmp_path, name, samples, model_dir, final="normed", final_layer=None, storage=None, capture_class=HFCapture):
+    capture = capture_class(model_dir, "auto", final, {"dtype": "float32", "device": "cpu"})
     if final_layer is not None:
         capture.num_layers = final_layer  # a capture that takes the final state from another layer
     out = tmp_path / name
@@ -200,3 +215,103 @@ def test_lossy_storage_past_the_agreement_bound_fails(tmp_path, random_model_dir
         ProbeFailure, match=r"float8_e4m3 storage loses 0\.\d+ top-1 agreement .*max_agreement_drop=0\.005"
     ):
         probe(tmp_path, out, random_model_dir)
+
+
+SHARPEN = 30.0  # the LM head's scale: logits from near-uniform to a peaked distribution
+
+
+@pytest.fixture(scope="module")
+def sharp_model_dir(tmp_path_factory, qwen_tokenizer):
+    """A random model whose LM head is scaled up: at temperature 1 it samples from a peaked distribution, as a
+    trained model does, where the random model's near-uniform one (every token near -log V) leaves a
+    sampled token no likelier from its own state than from any other."""
+    torch.manual_seed(2)
+    model = tiny_qwen3(len(qwen_tokenizer), tie_word_embeddings=False)
+    with torch.no_grad():
+        model.model.norm.weight.uniform_(0.5, 2.0)
+        model.lm_head.weight.mul_(SHARPEN)
+    path = tmp_path_factory.mktemp("sharp") / "model"
+    model.save_pretrained(path)
+    qwen_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sampled_samples(sharp_model_dir, tmp_path_factory):
+    """The sharp model's answers to 8 prompts at temperature 1, as token samples."""
+    prompts = [
+        {"id": f"s{i}", "source": "test", "messages": [{"role": "user", "content": f"Tell me about {topic}."}]}
+        for i, topic in enumerate(["rivers", "prime numbers", "sorting", "tides", "bread", "orbits", "salt", "owls"])
+    ]
+    backend = HFBackend(
+        sharp_model_dir,
+        defaults("inference.sampling", max_new_tokens=24, temperature=1.0),
+        defaults("inference.hf", batch_size=8),
+        THINKING_OFF,
+    )
+    work = tmp_path_factory.mktemp("sampled")
+    write_jsonl_zst(work / "prompts.jsonl.zst", prompts)
+    run_journaled_responses(work / "prompts.jsonl.zst", work / "out.jsonl.zst", work / "stats.json", backend, Budgets())
+    return samples_for(read_jsonl(work / "out.jsonl.zst"), sharp_model_dir)
+
+
+SAMPLED_AUDIT = {"gates": {"rows": 8, "dropped_rows": 0, "counts": {}}}
+
+
+def probe_sampled(tmp_path, shard_dir, model_dir):
+    return probe(tmp_path, shard_dir, model_dir, greedy_exact=False, tokens_audit=SAMPLED_AUDIT)
+
+
+def test_sampled_data_passes_the_floor_and_states_one_token_off_fail_it(tmp_path, sharp_model_dir, sampled_samples):
+    """At temperature 1 only a fifth of the stored tokens are the head's top-1 (no agreement threshold can
+    judge them), yet 95% are likelier from the state before them than from its neighbours; stored one row
+    early, 1-2%: the earlier neighbour, the true state, wins instead."""
+    model = sharp_model_dir
+    good = probe_sampled(tmp_path, shard(tmp_path, "good", sampled_samples, model), model)
+    assert good["verdict"] != "fail" and good["greedy_exact"] is False
+    assert good["all"]["top1_agreement"] < 0.3 and good["all"]["positions"] == good["alignment"]["positions"] > 150
+    assert good["alignment"]["aligned_best_share"] >= 0.9 and good["alignment"]["margin"] > 5.0
+    assert good["final_norm"] == {**good["final_norm"], "normed_share": 1.0, "holds": "normed"}
+    raw = probe_sampled(tmp_path, shard(tmp_path, "raw", sampled_samples, model, final="raw"), model)
+    assert raw["alignment"]["aligned_best_share"] == pytest.approx(good["alignment"]["aligned_best_share"])
+    assert (raw["final_norm"]["normed_share"], raw["final_norm"]["holds"]) == (0.0, "raw")
+    off = shard(tmp_path, "off_by_one", sampled_samples, model, capture_class=OffByOneCapture)
+    with pytest.raises(ProbeFailure, match=r"shard off_by_one \(hf\): [0-9.]+% of the stored tokens") as failure:
+        probe_sampled(tmp_path, off, model)
+    share = float(str(failure.value).split("): ")[1].split("%")[0]) / 100
+    assert share < 0.1 and "final states stored one token off" in str(failure.value)
+    assert "greedy, exact output IDs" not in str(failure.value)
+    assert not (tmp_path / "off_by_one.json").exists()
+
+
+def says_final(shard_dir, final):
+    """The shard's index.json naming `final` for its final slot, whatever the capture stored there."""
+    index = json.loads((shard_dir / "index.json").read_text())
+    (shard_dir / "index.json").write_text(json.dumps({**index, "final": final}))
+    return shard_dir
+
+
+@pytest.mark.parametrize(("stored", "said"), [("raw", "normed"), ("normed", "raw")])
+def test_a_final_slot_of_the_other_kind_than_index_json_says_fails(
+    tmp_path, sharp_model_dir, sampled_samples, stored, said
+):
+    """A raw final layer where the norm's output is expected, or the other way round: the rows divided by the
+    norm's weight have an RMS of exactly 1 only where the norm wrote them."""
+    out = says_final(shard(tmp_path, "slot", sampled_samples, sharp_model_dir, final=stored), said)
+    share = "0.0%" if stored == "raw" else "100.0%"
+    says = rf"index.json says the final slot is {said}, but {share} of the probed rows .* holds {stored}"
+    with pytest.raises(ProbeFailure, match=says):
+        probe_sampled(tmp_path, out, sharp_model_dir)
+
+
+def test_reversed_aux_layers_pass_the_probe(tmp_path, sharp_model_dir, sampled_samples):
+    """The probe reads the final slot only: auxiliary layers stored in reverse order pass it with the good
+    shard's numbers. The smoke run's layer check and the evaluate stage's quick fail catch them
+    (tests/workflow/test_planted_defect.py)."""
+    model = sharp_model_dir
+    good = probe_sampled(tmp_path, shard(tmp_path, "good", sampled_samples, model), model)
+    reversed_aux = probe_sampled(
+        tmp_path, shard(tmp_path, "reversed", sampled_samples, model, capture_class=ReversedAuxCapture), model
+    )
+    assert reversed_aux["verdict"] == good["verdict"] != "fail"
+    assert reversed_aux["alignment"] == good["alignment"] and reversed_aux["all"] == good["all"]

@@ -9,6 +9,14 @@ misaligned with the IDs, the wrong final layer, a chat template other than the o
 responses were generated with, or IDs the model never produced all pull it down, most
 visibly at the first positions after the generation prompt.
 
+Two checks hold for any data, sampled or rebuilt from text, where the absolute log-probability
+depends on the temperature and on how well the model predicts text it did not write. Alignment:
+the share of stored tokens likelier from the state before them than from the states one row
+earlier and one row later (states stored one token off hand the win to a neighbour; with no
+information each of the three wins a third). The final norm: a row the final RMS norm wrote,
+divided by the norm's weight, has an RMS of exactly 1; a raw residual row has not, so the stored
+rows show which kind the final slot holds.
+
 Only two tensors are read from the checkpoint, the LM head (or the tied embedding) and the
 final norm, located through the safetensors index: no model is materialised.
 """
@@ -37,8 +45,18 @@ LIKELY_CAUSES = (
 )
 
 
+MISALIGNED_CAUSES = (
+    "final states stored one token off their input_ids (a capture that drops or adds a row), or a loss "
+    "mask shifted against them"
+)
+
+# A normed row divided by the norm's weight has an RMS of 1 to within its storage's rounding (bf16: 2^-9
+# relative per value; fp8 e4m3's 2^-4 moves the mean square by under 0.1%); raw residual rows sit far off.
+NORMED_RMS_TOLERANCE = 0.02
+
+
 class ProbeFailure(RuntimeError):
-    """A shard whose stored states do not predict its own greedy tokens."""
+    """A shard whose stored states do not predict its own tokens."""
 
 
 @dataclass
@@ -50,6 +68,7 @@ class ProbeSettings:
     first_positions: int  # response positions where template drift shows first
     min_first_agreement: float
     min_mean_logprob: float  # warning floor for sampled or text-rebuilt data
+    min_aligned_best_share: float  # hard floor for any data (alignment against the neighbouring states)
     report_positions: int
     seed: int
     max_agreement_drop: float  # lossy storage: top-1 agreement lost against the bf16 reference rows
@@ -73,6 +92,12 @@ class LMHead:
 
     def norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return rms_norm(hidden, self.norm_weight, self.eps)
+
+    def normed_rms(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Each row's RMS after dividing out the norm's weight: 1 for a row the final norm wrote."""
+        weight = self.norm_weight.to(hidden.device)
+        kept = weight.abs() > 1e-3 * weight.abs().max()  # a zero weight leaves nothing to divide
+        return (hidden.float()[:, kept] / weight[kept]).pow(2).mean(-1).sqrt()
 
     def log_probs(self, hidden: torch.Tensor, normed: bool) -> torch.Tensor:
         hidden = hidden.to(self.weight.device).float() if normed else self.norm(hidden.to(self.weight.device))
@@ -118,15 +143,25 @@ def _subsample(positions: _Positions, budget: int, seed: int) -> _Positions:
     return _Positions(*(a[keep] for a in positions.__dict__.values()))
 
 
-def _probed_states(shard: HiddenShard, ids: list[str], positions: _Positions) -> torch.Tensor:
-    """The stored final state before each probed token, reading only the samples probed."""
-    rows: list[torch.Tensor | None] = [None] * len(positions.sample)
+def _probed_states(shard: HiddenShard, ids: list[str], positions: _Positions) -> dict[int, torch.Tensor]:
+    """The stored final states at offsets -1 (the one each probed token is predicted from), -2 and 0 from
+    each probed token, reading only the samples probed. A neighbour outside its sample repeats the -1 row
+    (`_neighboured` leaves those positions out of the alignment)."""
+    rows: dict[int, list] = {offset: [None] * len(positions.sample) for offset in (-1, -2, 0)}
     for k in np.unique(positions.sample):
         at = np.flatnonzero(positions.sample == k)
         hidden = shard.sample(ids[k], ("hidden_states",))["hidden_states"]
-        for i, row in zip(at, hidden[torch.as_tensor(positions.target[at] - 1)], strict=True):
-            rows[i] = row
-    return torch.stack(rows) if rows else torch.zeros(0)
+        for offset, column in rows.items():
+            wanted = positions.target[at] + offset
+            wanted = np.where((wanted >= 0) & (wanted < len(hidden)), wanted, positions.target[at] - 1)
+            for i, row in zip(at, hidden[torch.as_tensor(wanted)], strict=True):
+                column[i] = row
+    return {offset: torch.stack(column) if column else torch.zeros(0) for offset, column in rows.items()}
+
+
+def _neighboured(positions: _Positions, lengths: np.ndarray) -> np.ndarray:
+    """Probed positions with a state on either side of the one they are predicted from in their sample."""
+    return (positions.target >= 2) & (positions.target < lengths[positions.sample])
 
 
 def _stats(agree: np.ndarray, logprob: np.ndarray, top5: np.ndarray) -> dict:
@@ -221,8 +256,10 @@ def probe_shard(shard_dir: str | Path, head: LMHead, settings: ProbeSettings, ch
         [int(samples[k]["input_ids"][j]) for k, j in zip(positions.sample, positions.target, strict=True)],
         dtype=torch.long,
     )
-    top1, logprob, top5 = _predictions(head, states, tokens, normed, chunk)
+    top1, logprob, top5 = _predictions(head, states[-1], tokens, normed, chunk)
     agree, logprob, top5 = (top1 == tokens).numpy(), logprob.numpy(), top5.numpy()
+    neighboured = _neighboured(positions, np.array([len(m) for m in masks]))
+    earlier, later = (_predictions(head, states[o], tokens, normed, chunk)[1].numpy() for o in (-2, 0))
     last = positions.last_turn
     first = positions.response_position < settings.first_positions
     by_position = []
@@ -243,19 +280,49 @@ def probe_shard(shard_dir: str | Path, head: LMHead, settings: ProbeSettings, ch
         "earlier_turns": _stats(agree[~last], logprob[~last], top5[~last]),
         "last_turn_first_positions": _stats(agree[last & first], logprob[last & first], top5[last & first]),
         "by_position": by_position,
+        "alignment": _alignment(logprob[neighboured], earlier[neighboured], later[neighboured]),
+        "final_norm": _final_norm(head.normed_rms(states[-1]) if len(tokens) else torch.zeros(0)),
+    }
+
+
+def _alignment(aligned: np.ndarray, earlier: np.ndarray, later: np.ndarray) -> dict:
+    if not len(aligned):
+        return {"positions": 0}
+    means = {"logprob": float(aligned.mean()), "earlier": float(earlier.mean()), "later": float(later.mean())}
+    return {
+        "positions": int(len(aligned)),
+        "mean_logprob": means["logprob"],
+        "mean_logprob_state_one_earlier": means["earlier"],
+        "mean_logprob_state_one_later": means["later"],
+        "margin": means["logprob"] - max(means["earlier"], means["later"]),
+        "aligned_best_share": float((aligned > np.maximum(earlier, later)).mean()),
+    }
+
+
+def _final_norm(rms: torch.Tensor) -> dict:
+    if not len(rms):
+        return {"rows": 0}
+    share = float(((rms - 1).abs() <= NORMED_RMS_TOLERANCE).float().mean())
+    return {
+        "rows": int(len(rms)),
+        "median_rms_over_weight": float(rms.median()),
+        "normed_share": share,
+        "holds": "normed" if share > 0.5 else "raw",
     }
 
 
 def verdict(result: dict, settings: ProbeSettings, greedy_exact: bool) -> tuple[str, list[str]]:
     """`ok`, `warn` or `fail`, with the reasons.
 
-    Greedy data with exact output IDs must reproduce its last turns (the earlier turns of a
-    multi-turn sample sit in a context the template may render differently from the one they
-    were generated in; they are reported, not judged). Other data is judged on log-probability.
-    Lossy storage fails any data that loses more agreement than allowed against its reference rows.
+    Any data fails when its final states sit off their tokens (`aligned_best_share` below
+    `min_aligned_best_share`) or hold the other kind of final state than index.json says. Greedy data
+    with exact output IDs must also reproduce its last turns (the earlier turns of a multi-turn sample
+    sit in a context the template may render differently from the one they were generated in; they are
+    reported, not judged); other data warns on a low log-probability. Lossy storage fails any data that
+    loses more agreement than allowed against its reference rows.
     """
-    reasons = _storage_reasons(result, settings)
-    storage_failed = bool(reasons)
+    reasons = _storage_reasons(result, settings) + _floor_reasons(result, settings)
+    failed = bool(reasons)
     last, first = result["last_turn"], result["last_turn_first_positions"]
     if greedy_exact and last["positions"]:
         if last["top1_agreement"] < settings.min_greedy_agreement:
@@ -275,7 +342,30 @@ def verdict(result: dict, settings: ProbeSettings, greedy_exact: bool) -> tuple[
             f"mean log-probability of the stored tokens is {scope['mean_logprob']:.3f}, below "
             f"probe.min_mean_logprob={settings.min_mean_logprob}"
         )
-    return ("fail" if storage_failed else "warn" if reasons else "ok"), reasons
+    return ("fail" if failed else "warn" if reasons else "ok"), reasons
+
+
+def _floor_reasons(result: dict, settings: ProbeSettings) -> list[str]:
+    """The checks that hold for any data: the alignment against the neighbouring states and the final slot's norm."""
+    reasons = []
+    alignment, norm = result["alignment"], result["final_norm"]
+    if alignment["positions"] and alignment["aligned_best_share"] < settings.min_aligned_best_share:
+        reasons.append(
+            f"{alignment['aligned_best_share']:.1%} of the stored tokens are likelier from the final state before "
+            f"them than from the states one row earlier and later, below probe.min_aligned_best_share="
+            f"{settings.min_aligned_best_share}; their mean log-probability is "
+            f"{alignment['mean_logprob']:.3f} from the states before them, "
+            f"{alignment['mean_logprob_state_one_earlier']:.3f} from the states one row earlier and "
+            f"{alignment['mean_logprob_state_one_later']:.3f} one row later; likely causes: {MISALIGNED_CAUSES}"
+        )
+    if norm["rows"] and norm["holds"] != result["final"]:
+        reasons.append(
+            f"index.json says the final slot is {result['final']}, but {norm['normed_share']:.1%} of the probed "
+            f"rows are the final RMS norm's output (median RMS over the norm weight "
+            f"{norm['median_rms_over_weight']:.3f}; a normed row's is 1): the slot holds {norm['holds']} states. "
+            "Check what the capture stores against hidden_states.final, then capture again"
+        )
+    return reasons
 
 
 def _storage_reasons(result: dict, settings: ProbeSettings) -> list[str]:
@@ -329,15 +419,15 @@ def run_probe(
         result["verdict"], result["reasons"] = nothing_to_probe(result, tokens_audit)
     log.info("probe: %s", json.dumps({k: v for k, v in result.items() if k != "by_position"}))
     if result["verdict"] == "fail":
-        storage = _storage_reasons(result, settings)
-        data = [r for r in result["reasons"] if r not in storage]
+        checked = _storage_reasons(result, settings) + _floor_reasons(result, settings)
+        data = [r for r in result["reasons"] if r not in checked]
         raise ProbeFailure(
             f"partition {partition}, shard {result['shard']} ({backend}): "
             + "; ".join(result["reasons"])
             + (
                 ". The stored hidden states do not predict the tokens the model generated (greedy, exact output "
                 f"IDs). Likely causes: {LIKELY_CAUSES}"
-                if data and result["positions_total"]
+                if greedy_exact and data and result["positions_total"]
                 else ""
             )
         )

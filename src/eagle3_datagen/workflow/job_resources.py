@@ -103,16 +103,17 @@ def _vocabulary(config: dict) -> int:
 
 def probe_job(config: dict, shard_dir: str, threads: int | None = None) -> JobSize:
     """A probe of one shard: every part read back (its ids and masks, and the probed states), and the LM head
-    applied to probe.max_positions states, once more on fp8's reference rows; in memory, the head, one
-    decoded part beside its compressed bytes, and a chunk of logits."""
+    applied to probe.max_positions states and to their neighbours on either side (the alignment floor), once
+    more on fp8's reference rows; in memory, the head, one decoded part beside its compressed bytes, the three
+    probed rows of each position and a chunk of logits."""
     reads = shard_reads(config, [shard_dir])
     hidden = disk.stored_states(config).hidden_size
     vocabulary = _vocabulary(config)
     positions = min(config["probe"]["max_positions"], reads.tokens)
-    passes = 2 if config["hidden_states"]["dtype"] in storage.FP8 else 1
+    passes = 4 if config["hidden_states"]["dtype"] in storage.FP8 else 3
     work = reads.bf16_bytes / DECODE_RATE + passes * 2 * positions * hidden * vocabulary / HEAD_FLOPS
     threads = threads or max(1, min(8, math.ceil(work / 600)))
-    memory = vocabulary * hidden * 2 + reads.largest_part * 2 + 1024 * vocabulary * 8
+    memory = vocabulary * hidden * 2 + reads.largest_part * 2 + 3 * positions * hidden * 2 + 1024 * vocabulary * 8
     return JobSize(threads, BASE_MB + math.ceil(memory / 1e6), _minutes(work, threads))
 
 
