@@ -88,16 +88,6 @@ rule all:
         get_final_output(),
 
 
-def api_job_nodes():
-    """Why the run's jobs may run on several nodes, or None."""
-    executor = workflow.executor_plugin.name if workflow.executor_plugin else "local"
-    if executor not in ("local", "dryrun", "touch"):
-        return f"executor {executor}"
-    if config["resources"]["nodes"] > 1:
-        return f"resources.nodes={config['resources']['nodes']}"
-    return None
-
-
 onstart:
     # What would fail one of the jobs this run will run stops the run here, before its first job
     # (--touch runs no job: it only marks outputs up to date); then the canary, one request with the

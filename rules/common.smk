@@ -326,3 +326,13 @@ def get_partition_stage_files(wildcards):
         "hidden": get_partition_hidden_shards(wildcards),
         "probes": expand("results/{p}/probe/{s}.json", p=p, s=shards(p)),
     }
+
+
+def api_job_nodes():
+    """Why the run's jobs may run on several nodes, or None."""
+    executor = workflow.executor_plugin.name if workflow.executor_plugin else "local"
+    if executor not in ("local", "dryrun", "touch"):
+        return f"executor {executor}"
+    if config["resources"]["nodes"] > 1:
+        return f"resources.nodes={config['resources']['nodes']}"
+    return None
