@@ -10,7 +10,8 @@ import yaml
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.diagnostics import layer_check
-from eagle3_datagen.stages.hidden.layer_tap import layer_tap_path, record_layers
+from eagle3_datagen.formats.hidden_shard import layer_tap_path
+from eagle3_datagen.stages.hidden.layer_tap import record_layers
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.targets.tiny_kimi import tiny_kimi_config, tiny_kimi_model
 from tests.helpers import REPO

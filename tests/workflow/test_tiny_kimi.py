@@ -12,9 +12,8 @@ from safetensors import safe_open
 
 from eagle3_datagen.diagnostics import layer_check
 from eagle3_datagen.formats.files import read_jsonl
-from eagle3_datagen.formats.hidden_shard import HiddenShard
+from eagle3_datagen.formats.hidden_shard import HiddenShard, layer_tap_path
 from eagle3_datagen.reporting.plan import measured_loads, plan_rates
-from eagle3_datagen.stages.hidden.layer_tap import layer_tap_path
 from eagle3_datagen.stages.tokens import loss_spans
 from tests.helpers import KIMI_FILES, REPO, copy_workflow, run
 

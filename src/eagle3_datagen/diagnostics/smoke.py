@@ -378,7 +378,7 @@ class Smoke:
 
     def layers(self) -> tuple[str, str]:
         from eagle3_datagen.diagnostics.layer_check import check_layers, format_rows
-        from eagle3_datagen.stages.hidden.layer_tap import layer_tap_path
+        from eagle3_datagen.formats.hidden_shard import layer_tap_path
 
         p = self.partitions[0]
         exports = {f: self.results(p, "export", f) for f in self.config["export"]["formats"]}

@@ -325,3 +325,13 @@ class HiddenShard:
                     "reference": {name: f.tensor(f"reference_{name}") for name in STATE_COLUMNS},
                     "stored": {name: f.rows_at(name, rows) for name in STATE_COLUMNS},
                 }
+
+
+# The layers the capture runner records for the layer check (stages/hidden/layer_tap.py), beside the shard.
+LAYER_TAP_SUFFIX = ".layers.safetensors"
+
+
+def layer_tap_path(out_dir: str | Path) -> Path:
+    """Where the layers recorded for a shard's directory (results/{p}/hidden/{shard}) go: beside it."""
+    out_dir = Path(out_dir)
+    return out_dir.with_name(out_dir.name + LAYER_TAP_SUFFIX)

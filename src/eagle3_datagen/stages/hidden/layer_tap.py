@@ -23,13 +23,6 @@ import torch
 from eagle3_datagen.formats.files import atomic_path
 
 POSITIONS = 32
-SUFFIX = ".layers.safetensors"
-
-
-def layer_tap_path(out_dir: str | Path) -> Path:
-    """Where the layers recorded for a shard's directory (results/{p}/hidden/{shard}) go: beside it."""
-    out_dir = Path(out_dir)
-    return out_dir.with_name(out_dir.name + SUFFIX)
 
 
 def decoder_stack(model: torch.nn.Module, num_layers: int) -> torch.nn.Module:

@@ -124,7 +124,8 @@ def _next_request(requests: Path) -> dict | None:
 
 def _capture_request(request: dict, capture: CaptureBackend, requests: Path, processes: int) -> None:
     # torch: the runner's side only
-    from eagle3_datagen.stages.hidden.layer_tap import layer_tap_path, record_layers
+    from eagle3_datagen.formats.hidden_shard import layer_tap_path
+    from eagle3_datagen.stages.hidden.layer_tap import record_layers
     from eagle3_datagen.stages.hidden.shard import ShardCancelled, capture_shard, writer_threads
 
     rid, writer = request["id"], capture.ranks.writer
