@@ -66,6 +66,7 @@ def test_validated_config_holds_every_default_and_fill_alone_gives_the_same(name
 def test_params_carry_no_run_only_setting_and_the_job_gets_both():
     config = yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text())
     config_schema.fill_defaults(config["inference"], "inference")  # as validation fills it
+    config_schema.fill_defaults(config["resources"], "resources")
     config["inference"]["token_budget"] = 10**9
     config["resources"]["handover"] = {"timeout": 120, "max_used_mib": 512}
     params = json.dumps([wf.response_settings(config, "B1_glaive"), wf.hidden_settings(config)])
@@ -173,6 +174,7 @@ COVERAGE_VALUES = {
     "plan.model.hidden_size": 64,
     "plan.tokenizer": "resources/kimi-k2.5",
     "resources.nodes": 4,
+    "resources.disk_quota_bytes": 2**50,  # a quota far above what the demo writes: run-only, checks only
     "resources.jobs.responses.api_runtime": 600,
     "resources.slurm.account": "proj",
     "resources.slurm.gpu.qos": "week",
