@@ -172,6 +172,7 @@ def test_a_server_on_gpus_starts_once_their_memory_is_freed(tmp_path, node, mode
     started = time.time()
     served = job(model_dir, url, log, hold_s=0, gpus=2, handover={"timeout": 60, "max_used_mib": 1024})
     assert served.communicate(timeout=120)[0] == "served\n"
+    elapsed = time.time() - started
     text = log.read_text()
     assert (
         "waiting for the GPUs' memory before the SGLang server starts: GPU 1 70000 of 81559 MiB in use, held by "
@@ -181,9 +182,10 @@ def test_a_server_on_gpus_starts_once_their_memory_is_freed(tmp_path, node, mode
     assert 0 < waited < freed_at - started + 5
     start = re.search(r"^(\S+ \S+) INFO \S+: starting the SGLang server on", text, re.M)[1]
     assert datetime.strptime(start, "%Y-%m-%d %H:%M:%S,%f").timestamp() >= freed_at  # not before the free
-    # the load's seconds leave the wait out (the plan's load_seconds)
+    # the load's seconds leave the wait out (the plan's load_seconds): with it in, the two would add up to
+    # more than the job took (a comparison with the wait alone failed when a loaded machine made the load slow)
     (load,) = read_jsonl(tmp_path / "loads.jsonl")
-    assert load["seconds"] < waited
+    assert load["seconds"] + waited <= elapsed
 
 
 def test_a_server_on_gpus_whose_memory_is_never_freed_fails_naming_the_holders(
