@@ -18,7 +18,8 @@ Each gate looks at the assistant turns of one row as the responses stage wrote i
   (the template writes them itself, so rebuilt tokens would hold a second think block); a marker
   quoted as code (in backticks or a fenced block, an answer about parsing think tags) is not one;
 - `reasoning_missing`: a turn answered without reasoning by a model whose template says it reasons
-  (`GateMarkers.thinking`); the `dataset` backend's rows (the records' own answers) are not judged;
+  (`GateMarkers.thinking`); the `dataset` backend's rows (the records' own answers) and turns answering a
+  tool's result (DeepSeek-V3.1's template opens no think block there) are not judged;
 - `reasoning_in_content`: a turn whose content opens with the reasoning the provider should have
   split off ("The user is asking ...", "Okay, so the user said ...", `REASONING_OPENING`);
 - `tool_call_syntax`: a call whose arguments are not a JSON object, or the template's tool-call
@@ -338,6 +339,10 @@ class Gates:
             found.add("truncated")
         names = _tool_names(row) if "tool_call_as_text" in self.on else set()
         generated = row.get("backend") != "dataset"  # the records' own answers carry no reasoning
+        # A turn answering a tool's result is not judged for missing reasoning: templates such as
+        # DeepSeek-V3.1's open no think block there, and the model answers without one.
+        messages = row["messages"]
+        after_tool = {id(m) for prev, m in zip(messages, messages[1:], strict=False) if prev["role"] == "tool"}
         for turn in turns:
             content = turn.get("content") or ""
             reasoning = turn.get("reasoning") or ""
@@ -355,7 +360,7 @@ class Gates:
             # before a think marker is a leak's).
             unsplit = any(marker in content for marker in self.markers.think)
             thought = reasoning.strip() or calls or unsplit
-            if generated and self.markers.thinking and content.strip() and not thought:
+            if generated and self.markers.thinking and content.strip() and not thought and id(turn) not in after_tool:
                 found.add("reasoning_missing")
             if not unsplit and REASONING_OPENING.match(content):
                 found.add("reasoning_in_content")
