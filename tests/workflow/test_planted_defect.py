@@ -4,6 +4,7 @@ data, through Snakemake's evaluate rule (a copy of the demo, as the other e2e te
 import json
 import re
 import shutil
+import subprocess
 
 import pytest
 import torch
@@ -36,11 +37,12 @@ def acceptance(work, partition):
 
 
 def test_a_defect_the_probe_passes_lowers_acceptance_and_fails_the_quick_fail(demo_dir, tmp_path):
-    """One partition's export planted with auxiliary states from the wrong layers, with the figure a good
-    partition reached in the demo as the minimum (its draft, on its own vocabulary, reaches less than the
-    defective partition's good data did: 1.091 against 1.146): the defective evaluate job fails naming it and
-    a value below the minimum, while the good partition's, run beside it, passes with the figure it had; no
-    hidden state or export is deleted or rewritten."""
+    """One partition's export planted with auxiliary states from the wrong layers, with the figure its own
+    good data reached in the demo as the minimum: the defective evaluate job fails naming it and a value
+    below the minimum, while the other partition, decoded again at its own figure as the minimum, passes with
+    that figure; no hidden state or export is deleted or rewritten. (Another partition's figure cannot be
+    the minimum: the demo's drafts reach 1.0 to 1.18 by machine, e.g. demo_alpaca 1.0 on the CI's AMD EPYC,
+    below any defect; the defect lowered demo_sharegpt from 1.143 to 1.097 there.)"""
     work = tmp_path / "wf"
     shutil.copytree(demo_dir, work, symlinks=True)
     good = {p: acceptance(work, p) for p in (DEFECTIVE, GOOD)}
@@ -49,23 +51,27 @@ def test_a_defect_the_probe_passes_lowers_acceptance_and_fails_the_quick_fail(de
     # the copy's evaluate jobs train on the copy's exports (stages/evaluate/draft.py's train_config)
     assert plant_wrong_aux_layers(work / f"results/{DEFECTIVE}/export/specforge") > 0
     config = yaml.safe_load((work / "config.yaml").read_text())
-    minimum = good[GOOD]  # what the good partition reached; the defective partition's good data reached more
-    assert good[DEFECTIVE] > minimum
-    config["evaluate"]["min_acceptance_length"] = minimum
-    (work / "strict.yaml").write_text(yaml.safe_dump(config))
     data = sorted(p for p in (work / "results").rglob("*") if "/hidden/" in str(p) or "/export/" in str(p))
     before = {p: p.stat().st_mtime_ns for p in data if p.is_file()}
     figures = work / f"results/{GOOD}/evaluate/acceptance.json"
     decoded = figures.stat().st_mtime_ns
-    targets = [f"results/{p}/evaluate/acceptance.json" for p in (DEFECTIVE, GOOD)]
-    args = ["--profile", "profiles/local", "--configfile", "strict.yaml", "--forcerun", "evaluate", "--keep-going"]
-    proc = snakemake([*targets, *args], work, check=False)
+
+    def evaluate(partition: str) -> subprocess.CompletedProcess:
+        """The partition's evaluate job again, with what its good data reached as the minimum."""
+        config["evaluate"]["min_acceptance_length"] = good[partition]
+        (work / f"{partition}.yaml").write_text(yaml.safe_dump(config))
+        target = f"results/{partition}/evaluate/acceptance.json"
+        args = ["--profile", "profiles/local", "--configfile", f"{partition}.yaml", "--forcerun", "evaluate"]
+        return snakemake([target, *args], work, check=False)
+
+    proc = evaluate(DEFECTIVE)
     assert proc.returncode != 0
     failed = dict(re.findall(BELOW, proc.stderr))
     assert list(failed) == [DEFECTIVE], proc.stderr[-3000:]
-    defective = float(failed[DEFECTIVE])
-    assert 1.0 <= defective < minimum < good[DEFECTIVE]  # the acceptance length fell below the good data's
+    assert 1.0 <= float(failed[DEFECTIVE]) < good[DEFECTIVE]  # the acceptance length fell below the good data's
     assert "Common causes" in (work / f"logs/{DEFECTIVE}/evaluate/evaluate.log").read_text()
-    # the good partition, decoded again at that minimum, passes with the same figure (same data and seed)
-    assert figures.stat().st_mtime_ns > decoded and acceptance(work, GOOD) == good[GOOD] >= minimum
+    # the good partition, decoded again at its own figure, passes with the same figure (same data and seed)
+    proc = evaluate(GOOD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert figures.stat().st_mtime_ns > decoded and acceptance(work, GOOD) == good[GOOD]
     assert {p: p.stat().st_mtime_ns for p in data if p.is_file()} == before  # the data stays, untouched
