@@ -45,10 +45,8 @@ CONFIG_PROBLEMS = config_problems(
 if CONFIG_PROBLEMS:
     raise WorkflowError("\n".join(CONFIG_PROBLEMS))
 
-# With --sdm conda, the jobs that run SGLang get envs/sglang.yaml.
-SGLANG_DEPLOYED = (
-    DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
-)
+# With --sdm conda, each job gets its backend's env (envs/<env>.yaml: backends/plugins.py).
+ENVS_DEPLOYED = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
 
 # A dry-run calls no onstart: it prints preflight's problems as warnings here, for every job the
 # config's workflow has (a real run checks the jobs it will run, in onstart, and stops).
@@ -58,7 +56,7 @@ if workflow.output_settings.dryrun:
             config,
             preflight.config_jobs(config),
             os.environ,
-            SGLANG_DEPLOYED,
+            ENVS_DEPLOYED,
             scheduled=False,
         ),
         dry_run=True,
@@ -95,7 +93,7 @@ onstart:
     if not workflow.touch:
         SCHEDULED = preflight.scheduled_jobs(workflow.dag)
         preflight.raise_or_warn(
-            preflight.problems(config, SCHEDULED, os.environ, SGLANG_DEPLOYED),
+            preflight.problems(config, SCHEDULED, os.environ, ENVS_DEPLOYED),
             dry_run=False,
             warn=logger.warning,
             error_type=WorkflowError,

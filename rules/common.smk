@@ -191,7 +191,7 @@ DATASET_SOURCES = {
     for p in ALL_PARTITIONS
     if parts.inference_backend(config, p) == DATASET
 }
-SERVER_LOG = "logs/sglang_server/server.log"
+SERVER_LOG = "logs/server/server.log"
 HIDDEN_GPUS = placement.gpus_for(config, "hidden_states")
 HIDDEN_ENV = f"../envs/{CAPTURE[config['hidden_states']['backend']].env}.yaml"
 # Where each job goes under SLURM (resources.slurm: partition, QoS, account): a CPU job's, and per partition a
@@ -265,7 +265,7 @@ os.environ[wf.RUN_SETTINGS_ENV] = wf.as_json(wf.run_settings(config))
 # --sdm conda. Run-only: it reaches their shell through the environment (wf.SPECFORGE_PYTHON_ENV).
 os.environ[wf.SPECFORGE_PYTHON_ENV] = (
     "python"
-    if SGLANG_DEPLOYED or "evaluate" not in config
+    if ENVS_DEPLOYED or "evaluate" not in config
     else config["evaluate"]["python"]
 )
 

@@ -1,5 +1,5 @@
-# One job per shard, every backend. The shard jobs of partitions that a launched SGLang server
-# answers (responses_sglang_server) share one server per node (backends/service/): it is
+# One job per shard, every backend. The shard jobs of partitions that a server the workflow launches
+# answers (responses_served) share one server per node (backends/service/): it is
 # no job's input or output, so adding a partition or a shard reschedules no finished shard.
 rule responses:
     input:
@@ -38,7 +38,7 @@ rule responses:
         )
 
 
-use rule responses as responses_sglang_server with:
+use rule responses as responses_served with:
     wildcard_constraints:
         partition=(
             "|".join(map(re.escape, SERVER_PARTITIONS))

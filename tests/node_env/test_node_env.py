@@ -71,10 +71,10 @@ def found(module: str, name: str) -> bool:
 
 
 def test_the_launched_server_module_is_there():
-    """The generation server runs `python -m sglang.launch_server` (backends/sglang/server.py)."""
-    from eagle3_datagen.backends.sglang.server import launch_command
+    """The generation server runs `python -m sglang.launch_server` (its registry entry's launcher)."""
+    from eagle3_datagen.backends.plugins import GENERATION
 
-    command = launch_command({}, sys.executable)
+    command = GENERATION["sglang"].launch_command({}, sys.executable)
     assert command[command.index("-m") + 1] == "sglang.launch_server"
     assert importlib.import_module("sglang.launch_server").__file__
 

@@ -138,7 +138,7 @@ def test_one_server_answered_every_partition_with_greedy_ids(sglang_run):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = load_tokenizer(model_dir)
     template_kwargs = {"enable_thinking": False}
-    server_log = (sglang_run / "logs/sglang_server/server.log").read_text()
+    server_log = (sglang_run / "logs/server/server.log").read_text()
     # 4 shard jobs, one server: started once, and stopped for the first capture job (the node's GPUs)
     assert server_log.count(SERVER_STARTED) == 1 and server_log.count("The server is fired up") == 1
     assert server_log.count("no job uses the SGLang server; stopping it") == 1
@@ -175,10 +175,10 @@ def test_one_capture_runner_loaded_once_captured_every_shard(sglang_run):
     runner_log = (sglang_run / "logs/capture_runner/runner.log").read_text()
     assert runner_log.count(RUNNER_STARTED) == 1 and runner_log.count("capture runner ready after") == 1
     assert runner_log.count("capture runner loaded") == 1  # rank 0's log line, once per load
-    loads = {name: read_jsonl(sglang_run / f"logs/{name}/loads.jsonl") for name in ("sglang_server", "capture_runner")}
+    loads = {name: read_jsonl(sglang_run / f"logs/{name}/loads.jsonl") for name in ("server", "capture_runner")}
     model = str((sglang_run / "results/demo/model").resolve())
     assert {name: [(r["service"], r["model"]) for r in records] for name, records in loads.items()} == {
-        "sglang_server": [("generation_server", model)],
+        "server": [("generation_server", model)],
         "capture_runner": [("capture_runner", model)],
     }  # each load recorded once, for the plan
     lines = [line for line in runner_log.splitlines() if " capturing " in line]
@@ -230,7 +230,7 @@ def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run
     (work / "added.yaml").write_text(yaml.safe_dump(run_config({**PARTITIONS, **ADDED})))
     dry = snakemake_run(work, "added.yaml", "-n").stdout
     jobs = [(b.split(":", 1)[0].strip(), b) for b in re.split(r"\n\s*rule ", dry)[1:]]  # a group's, indented
-    responses = [b for rule, b in jobs if rule == "responses_sglang_server"]
+    responses = [b for rule, b in jobs if rule == "responses_served"]
     assert len(responses) == 2 and all("partition=demo_openai" in b for b in responses)
     assert not any(f"partition={p}" in b for _, b in jobs for p in PARTITIONS)
 
@@ -258,7 +258,7 @@ def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run
     assert {k: after[k] for k in finished} == finished  # no finished shard of the first run touched
     shard0 = [k for k in kept if "/00000" in k]
     assert shard0 and {k: after[k] for k in shard0} == {k: kept[k] for k in shard0}
-    server_log = (work / "logs/sglang_server/server.log").read_text()
+    server_log = (work / "logs/server/server.log").read_text()
     # one start for the first run, one for the added partition: the rerun after the kill used the
     # server that outlived it
     assert server_log.count(SERVER_STARTED) == 2
@@ -301,11 +301,11 @@ def test_under_slurm_each_model_loads_once_per_allocation_in_a_step_of_its_own(s
     work, jobs = slurm_run
     assert all(job["state"] == "COMPLETED" for job in jobs), jobs
     ran = sorted(job["comment"].split("_wildcards")[0] for job in jobs)
-    assert ran == ["rule_capture_hidden_states", "rule_generation_responses_sglang_server", *["rule_tokens"] * SHARDS]
+    assert ran == ["rule_capture_hidden_states", "rule_generation_responses_served", *["rule_tokens"] * SHARDS]
     groups = {job["comment"]: job for job in jobs if job["partition"] == "gpu"}
-    assert sorted(groups) == ["rule_capture_hidden_states", "rule_generation_responses_sglang_server"], jobs
+    assert sorted(groups) == ["rule_capture_hidden_states", "rule_generation_responses_served"], jobs
     for comment, name, log in [
-        ("rule_generation_responses_sglang_server", "SGLang server", "sglang_server/server"),
+        ("rule_generation_responses_served", "SGLang server", "server/server"),
         ("rule_capture_hidden_states", "capture runner", "capture_runner/runner"),
     ]:
         allocation = groups[comment]

@@ -28,7 +28,7 @@ SLURM_ARGS = [
 ]  # fmt: skip
 # The node has the CI machine's cores and memory; these requests fit it (a site sets its own).
 JOB_SIZE = {"mem_mb": 3000, "cpus_per_task": 2, "runtime": 30}
-NODE_SIZED = {"resources": {"jobs": {"hidden_states": JOB_SIZE, "responses_sglang_server": JOB_SIZE}}}
+NODE_SIZED = {"resources": {"jobs": {"hidden_states": JOB_SIZE, "responses_served": JOB_SIZE}}}
 DAEMONS = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd")
 # One cluster on the machine at a time (its daemons, ports and /etc/slurm): `make test` runs the SGLang
 # tier beside the main one, and each starts the cluster for its own SLURM module.

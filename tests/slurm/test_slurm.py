@@ -54,7 +54,7 @@ def test_the_walkthroughs_four_nodes_dry_run_with_their_partitions_account_and_q
     (work / "four.yaml").write_text(yaml.safe_dump({**config, "resources": walkthrough_resources()}))
     out = snakemake(["-n", "--profile", "profiles/slurm", "--configfile", "four.yaml"], work).stdout
     jobs = scheduled_jobs(out)
-    for rule in ("responses_sglang_server", "hidden_states"):
+    for rule in ("responses_served", "hidden_states"):
         groups = [j.group for j in jobs if j.rule == rule]
         assert len(groups) == 32 and sorted(groups.count(g) for g in set(groups)) == [8, 8, 8, 8], rule
     blocks = [b for b in re.split(r"\n\s*\[[^\]]*\]\n", out) if re.search(r"^\s*rule \S+:", b, re.M)]
@@ -62,7 +62,7 @@ def test_the_walkthroughs_four_nodes_dry_run_with_their_partitions_account_and_q
     for block in blocks:
         rule = re.search(r"^\s*rule (\S+):", block, re.M)[1]
         resources = dict(kv.split("=", 1) for kv in re.search(r"resources: (.*)", block)[1].split(", "))
-        if rule in ("responses_sglang_server", "hidden_states"):
+        if rule in ("responses_served", "hidden_states"):
             where = (resources["slurm_partition"], resources["qos"], resources["slurm_account"])
             assert where == ("h200", "gpu-week", "llm-team"), block
             # a group job: its 8 jobs one after another on one node

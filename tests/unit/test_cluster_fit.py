@@ -76,6 +76,6 @@ def test_production_job_sizes_are_the_schema_defaults():
     validate(config, str(config_schema.SCHEMA_PATH))
     assert config["resources"]["jobs"] == {
         "hidden_states": {"mem_mb": 512000, "cpus_per_task": 32, "runtime": 1440},
-        "responses_sglang_server": {"mem_mb": 512000, "cpus_per_task": 32, "runtime": 2880},
+        "responses_served": {"mem_mb": 512000, "cpus_per_task": 32, "runtime": 2880},
         "responses": {"runtime": 240, "api_runtime": None, "api_answer_tokens_per_s": 20},
     }

@@ -1,6 +1,7 @@
 """The package's layout holds: imports point down, no test double in the runtime, every import pinned."""
 
 import ast
+import re
 import subprocess
 import sys
 import tomllib
@@ -58,6 +59,35 @@ def test_shared_pieces_import_no_backend_stage_or_target():
     for module, imported in package_imports().items():
         if module.startswith(("eagle3_datagen.chat", "eagle3_datagen.formats")):
             assert not [name for name in imported if name.startswith(above)], module
+
+
+def backend_packages() -> set[str]:
+    """The packages of the registered backends' implementations (eagle3_datagen.backends.sglang, ...)."""
+    from eagle3_datagen.backends.plugins import CAPTURE, GENERATION
+
+    paths = [e.implementation for e in [*GENERATION.values(), *CAPTURE.values()] if e.implementation]
+    paths += [e.service for e in GENERATION.values() if e.service]
+    modules = {path.split(":")[0] for path in paths}
+    return {m if m.count(".") == 2 else m.rsplit(".", 1)[0] for m in modules}
+
+
+def test_the_workflow_reads_the_backends_through_their_registry():
+    """workflow/, the Snakefile and its rules name no backend's own module: what a backend needs of them
+    (its importability, its launcher, its env, its names) is on its registry entry (backends/plugins.py),
+    so adding one touches its module, its entry and the schema only."""
+    implementations = backend_packages()
+    assert {"eagle3_datagen.backends.sglang", "eagle3_datagen.backends.openrouter"} <= implementations
+    workflow_files = {REPO / "Snakefile": "Snakefile", **{p: p.name for p in (REPO / "rules").glob("*.smk")}}
+    imported = {
+        module: names for module, names in package_imports().items() if module.startswith("eagle3_datagen.workflow")
+    }
+    # Snakemake's files are not Python: their import lines, read as lines
+    imported |= {
+        name: set(re.findall(r"^(?:from|import) +([\w.]+)", path.read_text(), re.M))
+        for path, name in workflow_files.items()
+    }
+    for module, names in imported.items():
+        assert not [n for n in names if n.startswith(tuple(implementations))], module
 
 
 def test_every_third_party_import_is_a_declared_dependency_pinned_in_its_range():

@@ -87,14 +87,14 @@ def fake_sglang(tmp_path: Path) -> dict:
 def test_sglang_must_be_importable_where_the_jobs_run_it_unless_conda_brings_it(tmp_path):
     config = kimi("sglang")
     config["model"]["path"] = str(model_dir(tmp_path / "model"))
-    jobs = [Job("responses_sglang_server", "B1_glaive"), Job("hidden_states", "B1_glaive")]
+    jobs = [Job("responses_served", "B1_glaive"), Job("hidden_states", "B1_glaive")]
     env = {"PATH": VENV_BIN}
-    server, runner = problems(config, jobs, env, sglang_deployed=False)
+    server, runner = problems(config, jobs, env, envs_deployed=False)
     assert server.startswith(f"SGLang is not importable by {VENV_BIN}/python, which inference.sglang.launch runs")
     assert runner.startswith(f"SGLang is not importable by {sys.executable}, which runs torchrun")
     assert "--sdm conda" in server and "--sdm conda" in runner
-    assert problems(config, jobs, env, sglang_deployed=True) == []
-    assert problems(config, jobs, {**env, **fake_sglang(tmp_path)}, sglang_deployed=False) == []
+    assert problems(config, jobs, env, envs_deployed=True) == []
+    assert problems(config, jobs, {**env, **fake_sglang(tmp_path)}, envs_deployed=False) == []
     # a server the user runs (a URL, no launch) needs nothing here
     del config["inference"]["sglang"]["launch"]
     config["hidden_states"]["backend"] = "hf"
@@ -109,19 +109,19 @@ def test_the_evaluate_jobs_need_specforges_interpreter_and_a_chain_of_proposals(
     config["model"]["path"] = str(model_dir(tmp_path / "model"))
     config["evaluate"] = fill_defaults({"python": str(tmp_path / "missing/bin/python")}, "evaluate")
     jobs = [Job("evaluate", "B1_glaive")]
-    (problem,) = problems(config, jobs, {"PATH": VENV_BIN}, sglang_deployed=False)
+    (problem,) = problems(config, jobs, {"PATH": VENV_BIN}, envs_deployed=False)
     assert problem.startswith(f"evaluate.python {tmp_path}/missing/bin/python is not an interpreter here")
     assert "make specforge-env" in problem and "--sdm conda" in problem
-    assert problems(config, jobs, {"PATH": VENV_BIN}, sglang_deployed=True) == []  # envs/specforge.yaml
-    assert problems(config, [Job("tokens", "B1_glaive")], {"PATH": VENV_BIN}, sglang_deployed=False) == []
+    assert problems(config, jobs, {"PATH": VENV_BIN}, envs_deployed=True) == []  # envs/specforge.yaml
+    assert problems(config, [Job("tokens", "B1_glaive")], {"PATH": VENV_BIN}, envs_deployed=False) == []
     config["evaluate"]["python"] = sys.executable
-    assert problems(config, jobs, {"PATH": VENV_BIN}, sglang_deployed=False) == []
+    assert problems(config, jobs, {"PATH": VENV_BIN}, envs_deployed=False) == []
     # training on a GPU with this venv's CPU torch, or with envs/specforge.yaml's under --sdm conda
     config["evaluate"]["device"] = "cuda"
-    (cpu_torch,) = problems(config, jobs, {"PATH": VENV_BIN}, sglang_deployed=False)
+    (cpu_torch,) = problems(config, jobs, {"PATH": VENV_BIN}, envs_deployed=False)
     assert cpu_torch.startswith(f"evaluate.device is cuda, and the torch of evaluate.python {sys.executable} is not")
     assert "set evaluate.device: cpu" in cpu_torch
-    (conda,) = problems(config, jobs, {"PATH": VENV_BIN}, sglang_deployed=True)
+    (conda,) = problems(config, jobs, {"PATH": VENV_BIN}, envs_deployed=True)
     assert conda.startswith("evaluate.device is cuda, and --sdm conda runs the evaluate jobs in envs/specforge.yaml")
     # a chain of proposals: the schema allows topk 1 only, and says why
     config["evaluate"]["speculative"]["topk"] = 4

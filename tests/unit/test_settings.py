@@ -368,8 +368,8 @@ def test_changing_an_output_key_schedules_its_stage_and_what_depends_on_it(cover
         assert {r for r, p in jobs if p not in twins} <= EVALUATE | SUMMARIES, jobs
         return
     stage, partitions = scope(key)
-    # one stage, two rules: the shard jobs of launched-server partitions are responses_sglang_server
-    named = {"responses_sglang_server": "responses"}
+    # one stage, two rules: the shard jobs of launched-server partitions are responses_served
+    named = {"responses_served": "responses"}
     rules = {"prompts" if r.startswith("prompts_") else named.get(r, r) for r, _ in jobs}
     if stage == "build_demo_model":
         assert "build_demo_model" in rules, jobs
@@ -389,7 +389,7 @@ def test_the_plan_counts_one_load_per_node_or_allocation_and_reads_measured_load
     config = config_schema.fill_defaults(yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text()))
     counts = (("B1_glaive", 16), ("B3_magicoder_evol", 8), ("B3_magicoder_oss", 8))
     shards = [(p, s) for p, n in counts for s in range(n)]
-    jobs = [ScheduledJob(rule, p, None) for p, _ in shards for rule in ("responses_sglang_server", "hidden_states")]
+    jobs = [ScheduledJob(rule, p, None) for p, _ in shards for rule in ("responses_served", "hidden_states")]
     loads = plan_loads(config, jobs, tmp_path)
     once = {"loads": 1, "seconds_each": 600.0, "basis": "plan.load_seconds", "hours": 1 / 6}
     assert loads == {"generation_server": once, "capture_runner": once}  # one node: each loads once
@@ -399,10 +399,10 @@ def test_the_plan_counts_one_load_per_node_or_allocation_and_reads_measured_load
     assert plan_loads(config, grouped, tmp_path, per_allocation=True)["capture_runner"]["loads"] == 3
     # Load times come from the services' load records (formats/service_loads.py), one file per allocation;
     # another model's loads do not count.
-    (tmp_path / "sglang_server").mkdir()
+    (tmp_path / "server").mkdir()
     for name, seconds, model in (("loads", 250.5, "/models/Kimi-K2.5"), ("loads.slurm-7", 239.5, "/models/Kimi-K2.5")):
-        append_load(tmp_path / "sglang_server" / f"{name}.jsonl", "generation_server", model, seconds, "gpu-1")
-    append_load(tmp_path / "sglang_server" / "loads.jsonl", "generation_server", "/models/Other", 10.0, "gpu-1")
+        append_load(tmp_path / "server" / f"{name}.jsonl", "generation_server", model, seconds, "gpu-1")
+    append_load(tmp_path / "server" / "loads.jsonl", "generation_server", "/models/Other", 10.0, "gpu-1")
     measured = plan_loads(config, jobs, tmp_path)
     assert measured["generation_server"]["seconds_each"] == pytest.approx((250.5 + 239.5) / 2)
     assert measured["generation_server"]["basis"] == "measured, mean of 2 in logs/"

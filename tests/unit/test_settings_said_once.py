@@ -14,7 +14,7 @@ PACKAGE = ROOT / "src" / "eagle3_datagen"
 CONFIG_NAMES = {"config", "settings", "configured", "launch", "section", "part", "inference", "sampling", "tier"}
 # "Absent means" rules no schema default can say, each in one function: (module, key): why.
 ABSENT_MEANS = {
-    ("backends/sglang/server.py", "command"): "the job's own interpreter: a default would name one machine's",
+    ("backends/plugins.py", "command"): "the job's own interpreter: a default would name one machine's",
     ("backends/sglang/server.py", "args"): "no flags: a default would change the params of every config without it",
     ("chat/template.py", "expected_ids"): "no pins: a default would change the tokens params of every config",
 }

@@ -248,7 +248,7 @@ def slurm_capture_run(demo_dir: Path, work: Path, job_size: dict) -> tuple[dict,
     the command (the hidden-state shards as targets, the profile's retries and requeue)."""
     env = stoppable_copy(demo_dir, work)
     config = yaml.safe_load((work / "config.yaml").read_text())
-    resources = {"jobs": {"hidden_states": job_size, "responses_sglang_server": job_size}}
+    resources = {"jobs": {"hidden_states": job_size, "responses_served": job_size}}
     (work / "slurm.yaml").write_text(yaml.safe_dump({**config, "resources": resources}))
     targets = [f"{HIDDEN}/{shard.name}" for shard in sorted((demo_dir / HIDDEN).iterdir())]
     return env, [str(Path(sys.executable).parent / "snakemake"), *targets, *SLURM_ARGS, "--configfile", "slurm.yaml"]

@@ -360,8 +360,8 @@ def test_production_configs_dry_run_under_profiles(production_dir, profile, conf
     assert out.count("Group job capture") == 1
     assert out.count("Group job generation") == (1 if "sglang" in config else 0)
     if "sglang" in config:  # the config launches the server: one job per shard, sharing the node's server
-        assert sum(r == "responses_sglang_server" for r, _ in jobs) == 32
-        responses = blocks["responses_sglang_server"]
+        assert sum(r == "responses_served" for r, _ in jobs) == 32
+        responses = blocks["responses_served"]
         assert re.search(r"\bgpu=8\b", responses) and "slurm_partition=gpu" in responses
         assert re.search(r"\bmem_mb=512000\b", responses)
     else:

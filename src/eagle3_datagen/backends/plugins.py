@@ -18,7 +18,9 @@ from eagle3_datagen.registry import Registry, import_implementation
 # The responses rule's jobs each run their backend; those of a backend served by a node service the workflow
 # launches (`GenerationBackend.node_service`) run under the served rule, which shares the node's server.
 RESPONSE_RULE = "responses"
-SERVED_RESPONSE_RULE = "responses_sglang_server"
+SERVED_RESPONSE_RULE = "responses_served"
+# Whether an interpreter imports a module (`python -c IMPORTABLE module`).
+IMPORTABLE = "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)"
 RESPONSE_RULES = (RESPONSE_RULE, SERVED_RESPONSE_RULE)
 
 
@@ -43,8 +45,10 @@ class GenerationBackend:
     that builds its `AsyncGenerationBackend` from a responses job's settings and whether the server the
     job launched still runs (None: it generates nothing, the records' own turns are the responses);
     `gpu`: its jobs take the node's GPUs; `node_service`: the workflow launches the server its jobs share
-    (`SERVED_RESPONSE_RULE`), built by `service` (`module:callable` of the job's settings and the
-    server's log); `imports`: the module a launched server's interpreter must import; `in_process`: its
+    (`SERVED_RESPONSE_RULE`, with the `launch` block of its section: `$defs/launch` in the schema), built by
+    `service` (`module:callable` of the job's settings and the server's log) from `launcher`, the module
+    `python -m` runs (also the slurm plugin's name for the process it starts, one per GPU); `imports`: the
+    module a launched server's interpreter must import; `label`: its name in messages; `in_process`: its
     model loads in the job's process, once for every shard of the job; `token_ids`: it returns the
     generated token ids; `on_node`: it generates on the node's hardware (the plan's and the smoke run's
     generation rate); `priced`: it is paid per token (`price_per_million`, `max_cost_usd`) and shares the
@@ -61,7 +65,9 @@ class GenerationBackend:
     gpu: Callable[[dict], bool] = _never
     node_service: Callable[[dict], bool] = _never
     service: str | None = None
+    launcher: str | None = None
     imports: str | None = None
+    label: str = ""
 
     def settings(self, config: dict) -> dict:
         """Its section of the config ({} where the config has none: a section without defaults)."""
@@ -81,6 +87,11 @@ class GenerationBackend:
     def build(self, settings: dict, server_alive=None):
         """The backend for a responses job's `settings`."""
         return import_implementation(self.implementation)(settings, server_alive)
+
+    def launch_command(self, launch: dict, python: str) -> list[str]:
+        """The launched server's command before its flags: `launch.command`, or absent `python -m <launcher>`
+        (no default in the schema, where it would name one interpreter; `python` is the job's)."""
+        return launch.get("command") or [python, "-m", self.launcher]
 
     def launched_service(self, settings: dict, server_log: str | None):
         """The node's shared server for a responses job's `settings`; None where the workflow launches none."""
@@ -105,6 +116,7 @@ class CaptureBackend:
     gpu: Callable[[dict], bool] = _never
     tensor_parallel: bool = False
     imports: str | None = None
+    label: str = ""
 
     def uses_gpu(self, config: dict) -> bool:
         return self.gpu(config["hidden_states"][self.name])
@@ -135,6 +147,7 @@ for generation in (
         on_node=True,
         in_process=True,
         gpu=_on_cuda,
+        label="transformers",
     ),
     GenerationBackend(
         "sglang",
@@ -146,7 +159,9 @@ for generation in (
         gpu=_always,
         node_service=lambda section: "launch" in section,
         service="eagle3_datagen.backends.sglang.server:service_for_job",
+        launcher="sglang.launch_server",
         imports="sglang",
+        label="SGLang",
     ),
     GenerationBackend(
         "openrouter",
@@ -154,14 +169,20 @@ for generation in (
         "eagle3_datagen.backends.openrouter:OpenRouterBackend.for_job",
         "openrouter",
         priced=True,
+        label="OpenRouter",
     ),
-    GenerationBackend(DATASET, None, None, "cpu"),
+    GenerationBackend(DATASET, None, None, "cpu", label="the dataset's own turns"),
 ):
     GENERATION.register(generation.name)(generation)
 
 for capture in (
     CaptureBackend(
-        "hf", "hidden_states.hf", "eagle3_datagen.backends.hf.capture:HFCapture.for_job", "cpu", gpu=_on_cuda
+        "hf",
+        "hidden_states.hf",
+        "eagle3_datagen.backends.hf.capture:HFCapture.for_job",
+        "cpu",
+        gpu=_on_cuda,
+        label="transformers",
     ),
     CaptureBackend(
         "sglang",
@@ -171,6 +192,7 @@ for capture in (
         gpu=_always,
         tensor_parallel=True,
         imports="sglang",
+        label="SGLang",
     ),
 ):
     CAPTURE.register(capture.name)(capture)

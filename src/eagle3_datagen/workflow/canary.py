@@ -17,7 +17,9 @@ from collections.abc import Callable, Iterable
 
 from eagle3_datagen.backends.base import MissingApiKey, RequestFailed, RetryableError, StopRun
 from eagle3_datagen.backends.ledger import clear_stop
-from eagle3_datagen.workflow.preflight import Job, openrouter_partitions
+from eagle3_datagen.backends.plugins import GENERATION
+from eagle3_datagen.workflow.partitions import inference_backend
+from eagle3_datagen.workflow.preflight import Job, priced_partitions
 from eagle3_datagen.workflow.settings import merged, response_run_settings
 from eagle3_datagen.workflow.settings import response_settings as rule_settings
 
@@ -27,15 +29,13 @@ QUESTION = [{"role": "user", "content": "Reply with the single word OK."}]
 def check(config: dict, jobs: Iterable[Job], say: Callable[[str], None]) -> list[str]:
     """Send the canary where OpenRouter responses are scheduled among `jobs`; what stops the run (the
     provider's refusal), one line each. `say` gets a line on what the canary got."""
-    partitions = openrouter_partitions(config, jobs)
+    partitions = priced_partitions(config, jobs)
     if not partitions:
         return []
     # Every OpenRouter partition sends the same settings (the backend's section and its sampling).
     settings = merged(rule_settings(config, partitions[0]), response_run_settings(config))
-    from eagle3_datagen.backends.openrouter import OpenRouterBackend  # here: aiohttp only where it is used
-
-    try:
-        backend = OpenRouterBackend(settings["sampling"], settings["openrouter"])
+    try:  # built through its registry entry: aiohttp is imported only where it is used
+        backend = GENERATION[inference_backend(config, partitions[0])].build(settings)
     except MissingApiKey:
         return []  # preflight names the unset variable
     sent = (

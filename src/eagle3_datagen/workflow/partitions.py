@@ -56,6 +56,16 @@ def served_by_launched_server(config: dict, partition: str) -> bool:
     return GENERATION[inference_backend(config, partition)].served(config)
 
 
+def launched_backends(config: dict) -> dict[str, list[str]]:
+    """The backends whose server the workflow launches, each with the partitions it answers (a node runs one:
+    `config_checks.launch_problems`)."""
+    served: dict[str, list[str]] = {}
+    for partition in sorted(config["partitions"]):
+        if served_by_launched_server(config, partition):
+            served.setdefault(inference_backend(config, partition), []).append(partition)
+    return served
+
+
 def earlier_partitions(config: dict, partition: str) -> list[str]:
     """The partitions whose prompts `partition` leaves out: those before it in name order, when
     `prompts.shared_across_partitions` is `drop`; none when it is `keep` (the default)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, SERVED_RESPONSE_RULE
-from eagle3_datagen.workflow.partitions import inference_backend
+from eagle3_datagen.workflow.partitions import inference_backend, launched_backends
 
 
 def uses_gpu(config: dict, stage: str, partition: str | None = None) -> bool:
@@ -19,9 +19,13 @@ def gpus_for(config: dict, stage: str, partition: str | None = None) -> int:
     return config["resources"]["gpus_per_node"] if uses_gpu(config, stage, partition) else 0
 
 
-# What the GPU stages' jobs start on their node (their node service) and so launch themselves, a process
-# per GPU: the slurm plugin's name for such a job's launcher.
-LAUNCHERS = {"hidden_states": "torchrun", SERVED_RESPONSE_RULE: "sglang.launch_server"}
+def launcher(config: dict, rule: str) -> str | None:
+    """What a GPU stage's job starts on its node (the capture's torchrun, the launched server its node
+    service runs) and so launches itself, a process per GPU: the slurm plugin's name for its launcher.
+    None: the config launches no server, and the served rule has no job."""
+    if rule == SERVED_RESPONSE_RULE:  # config_checks refuses two launched backends
+        return next((GENERATION[name].launcher for name in launched_backends(config)), None)
+    return "torchrun"
 
 
 def slurm_resources(config: dict, gpus: int) -> dict:
@@ -42,8 +46,8 @@ def cluster_job(config: dict, rule: str, gpus: int) -> dict:
     and serves the allocation's next shard jobs (SLURM kills what a job step leaves behind when the step
     ends). Its CPUs are asked for per task. Local runs ignore all of these."""
     job = dict(config["resources"]["jobs"][rule]) | slurm_resources(config, gpus)
-    if gpus > 1:
-        job.update(mpi=LAUNCHERS[rule], tasks_per_node=gpus, cpus_per_task=max(1, job["cpus_per_task"] // gpus))
+    if gpus > 1 and (started := launcher(config, rule)):
+        job.update(mpi=started, tasks_per_node=gpus, cpus_per_task=max(1, job["cpus_per_task"] // gpus))
     return job
 
 

@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_datagen.backends import ledger
-from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, RESPONSE_RULES, SERVED_RESPONSE_RULE
-from eagle3_datagen.backends.sglang.server import launch_command
+from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, IMPORTABLE, RESPONSE_RULES, SERVED_RESPONSE_RULE
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.workflow import disk
-from eagle3_datagen.workflow.partitions import inference_backend, prompt_partition, shard_names
+from eagle3_datagen.workflow.partitions import inference_backend, launched_backends, prompt_partition, shard_names
 
 # Rules whose jobs read nothing of the model: the prompts (one rule per partition), the reports, and
 # the demo's model builder (which makes it).
@@ -43,7 +42,6 @@ NO_MODEL_RULES = ("partition_summary", "summary", "build_demo_model", "release_h
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Written by scripts/plan.py (the plan's record; the disk check counts without it).
 PLAN_FILE = "results/plan.json"
-SGLANG_IMPORTABLE = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
 # A CPU build of torch can never train on a GPU, whichever node the job lands on (the submit host may
 # have no GPU: whether one is visible here says nothing).
 TORCH_BUILT_FOR_CUDA = "import sys, torch; sys.exit(torch.version.cuda is None)"
@@ -85,21 +83,22 @@ def problems(
     config: dict,
     jobs: Iterable[Job],
     environ: Mapping[str, str],
-    sglang_deployed: bool,
+    envs_deployed: bool,
     results: str | Path = "results",
     scheduled: bool = True,
 ) -> list[str]:
     """One line per thing that would fail one of `jobs` later, with its fix. `scheduled`: `jobs` are the
     jobs this run will run (onstart), not every job kind of the config (a dry-run's).
 
-    `sglang_deployed`: a deployment method of the run (`--sdm conda`) brings SGLang to the jobs that
-    use it (their env is envs/sglang.yaml), and SpecForge to the evaluate jobs (envs/specforge.yaml); else
-    the job's own `python` must import SGLang and evaluate.python must exist; evaluate.device: cuda
-    needs a CUDA build of torch in whichever runs the evaluate jobs.
+    `envs_deployed`: a deployment method of the run (`--sdm conda`) brings each job its backend's env (a
+    launched server's and the capture runner's: envs/<env>.yaml of their registry entries), and SpecForge to
+    the evaluate jobs (envs/specforge.yaml); else the job's own `python` must import its backend and
+    evaluate.python must exist; evaluate.device: cuda needs a CUDA build of torch in whichever runs the
+    evaluate jobs.
     """
     jobs = list(jobs)
     found = []
-    openrouter = openrouter_partitions(config, jobs)
+    openrouter = priced_partitions(config, jobs)
     if openrouter:
         found += _openrouter_problems(config, openrouter, environ)
     if "demo" not in config and any(not j.rule.startswith("prompts_") and j.rule not in NO_MODEL_RULES for j in jobs):
@@ -107,17 +106,17 @@ def problems(
         found += _template_problems(config["model"]["path"], config["model"])
     elif "demo" in config and "tokenizer" in config["demo"]:  # a target built from this tokenizer folder
         found += _template_problems(config["demo"]["tokenizer"], config["model"])
-    if not sglang_deployed:
-        found += _sglang_problems(config, jobs, environ)
-    found += _specforge_problems(config, jobs, environ, sglang_deployed)
+    if not envs_deployed:
+        found += _backend_import_problems(config, jobs, environ)
+    found += _specforge_problems(config, jobs, environ, envs_deployed)
     found += _disk_problems(config, jobs, Path(results), environ)
     if scheduled:
         found += _released_problems(config, jobs, Path(results))
     return found
 
 
-def openrouter_partitions(config: dict, jobs: Iterable[Job]) -> list[str]:
-    """The partitions whose scheduled responses jobs call OpenRouter (a priced API)."""
+def priced_partitions(config: dict, jobs: Iterable[Job]) -> list[str]:
+    """The partitions whose scheduled responses jobs call a priced API (OpenRouter)."""
     responses = {j.partition for j in jobs if j.rule in RESPONSE_RULES}
     return sorted(p for p in responses if GENERATION[inference_backend(config, p)].priced)
 
@@ -194,30 +193,35 @@ def _template_problems(folder: str | Path, model: dict) -> list[str]:
     return found
 
 
-def _sglang_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) -> list[str]:
-    """The launched server and the capture runner import SGLang in the job's `python` (or the interpreter
-    `launch.command` names, or `torchrun`'s); a URL-only server is the user's and needs nothing here."""
+def _backend_import_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) -> list[str]:
+    """The launched server and the capture runner import their backend (registry entry's `imports`) in the
+    job's `python` (or the interpreter `launch.command` names, or `torchrun`'s); a URL-only server is the
+    user's and needs nothing here."""
     found = []
-    launch = (config["inference"].get("sglang") or {}).get("launch") or {}
+    fix = (
+        "on the GPU node run the workflow from .venv-gpu (`make node-envs`, then `source .venv-gpu/bin/activate`; "
+        "docs/running.md)"
+    )
     if any(j.rule == SERVED_RESPONSE_RULE for j in jobs):
-        python = _interpreter(launch_command(launch, "python")[0], environ)
-        if python and not _runs(python, SGLANG_IMPORTABLE, environ):
-            found.append(
-                f"SGLang is not importable by {python}, which inference.sglang.launch runs "
-                "(sglang.launch_server): on the GPU node run the workflow from .venv-gpu (`make node-envs`: SGLang "
-                "0.5.23 on the CUDA torch, the project and Snakemake; docs/running.md), run with --sdm conda "
-                "(envs/sglang.yaml), or set inference.sglang.launch.command to an interpreter that has it (e.g. "
-                "[.venv-gpu/bin/python, -m, sglang.launch_server])"
-            )
+        for name in launched_backends(config):
+            entry = GENERATION[name]
+            launch = entry.settings(config)["launch"]
+            python = _interpreter(entry.launch_command(launch, "python")[0], environ)
+            if python and not _runs(python, IMPORTABLE, environ, entry.imports):
+                found.append(
+                    f"{entry.label} is not importable by {python}, which {entry.section}.launch runs "
+                    f"({entry.launcher}): {fix}, run with --sdm conda (envs/{entry.env}.yaml), or set "
+                    f"{entry.section}.launch.command to an interpreter that has it (e.g. [.venv-gpu/bin/python, "
+                    f"-m, {entry.launcher}])"
+                )
     capture = CAPTURE[config["hidden_states"]["backend"]]
     if capture.imports and any(j.rule == "hidden_states" for j in jobs):
         python = _interpreter("torchrun", environ)
-        if python and not _runs(python, SGLANG_IMPORTABLE, environ):
+        if python and not _runs(python, IMPORTABLE, environ, capture.imports):
             found.append(
-                f"SGLang is not importable by {python}, which runs torchrun for hidden_states.backend: sglang: "
-                "on the GPU node run the workflow from .venv-gpu (`make node-envs`, then `source "
-                ".venv-gpu/bin/activate`; docs/running.md), run with --sdm conda (envs/sglang.yaml), or put a "
-                "torchrun that has SGLang first on PATH"
+                f"{capture.label} is not importable by {python}, which runs torchrun for hidden_states.backend: "
+                f"{capture.name}: {fix}, run with --sdm conda "
+                f"(envs/{capture.env}.yaml), or put a torchrun that has {capture.imports} first on PATH"
             )
     return found
 
@@ -267,10 +271,10 @@ def _interpreter(program: str, environ: Mapping[str, str]) -> str | None:
     return shebang[0] if shebang and Path(shebang[0]).name.startswith("python") else None
 
 
-def _runs(python: str, code: str, environ: Mapping[str, str]) -> bool:
-    """Whether `python -c code` exits 0 in the jobs' environment."""
+def _runs(python: str, code: str, environ: Mapping[str, str], *args: str) -> bool:
+    """Whether `python -c code args...` exits 0 in the jobs' environment."""
     try:
-        return subprocess.run([python, "-c", code], env=dict(environ), timeout=60).returncode == 0
+        return subprocess.run([python, "-c", code, *args], env=dict(environ), timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -381,7 +385,7 @@ def ledger_problems(
     (read here when None). On several nodes the ledger's directory must be one every job reaches, with
     locks that hold across nodes; on one host, with locks that exclude at all."""
     jobs = list(jobs)
-    users = openrouter_partitions(config, jobs)
+    users = priced_partitions(config, jobs)
     if config["inference"].get("token_budget") is not None:
         users = sorted({j.partition for j in jobs if j.rule in RESPONSE_RULES and j.partition})
     if not users:

@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from eagle3_datagen.backends.base import ServerError
+from eagle3_datagen.backends.plugins import GENERATION
 from eagle3_datagen.backends.service import Service
 from eagle3_datagen.backends.service.supervise import healthy, process_group
 
@@ -40,12 +41,6 @@ def wait_healthy(
     raise ServerError(f"the SGLang server exited while starting:\n{tail}")
 
 
-def launch_command(launch: dict, python: str = sys.executable) -> list[str]:
-    """`launch.command`, or absent `python -m sglang.launch_server`: no default in the schema, where it would
-    name one interpreter; `python` is the job's (its env's SGLang)."""
-    return launch.get("command") or [python, "-m", "sglang.launch_server"]
-
-
 def launch_args(launch: dict) -> list[str]:
     """`launch.args`, absent no flags: a schema default would change the params of every config without it."""
     return launch.get("args", [])
@@ -54,7 +49,7 @@ def launch_args(launch: dict) -> list[str]:
 def server_command(model_path: str | Path, url: str, launch: dict) -> list[str]:
     parsed = urlparse(url)
     return [
-        *launch_command(launch),
+        *GENERATION["sglang"].launch_command(launch, sys.executable),
         "--model-path",
         str(model_path),
         "--host",

@@ -89,11 +89,11 @@ def run_response_job(
                     if lease is None or lease.running():
                         raise
                     # The node's server died, or was killed as hung: transient (a CUDA error, an OOM kill).
-                    died = f"{e}\nThe node's SGLang server exited during the shard (its log: {lease.log}):\n"
+                    died = f"{e}\nThe node's {entry.label} server exited during the shard (its log: {lease.log}):\n"
                     if restart == restarts:
                         raise JobError(
                             f"{died}{lease.log_tail()}\nIt exited {restarts + 1} times in this job "
-                            f"(inference.sglang.launch.max_service_restarts={restarts}): fix the cause its log "
+                            f"({entry.section}.launch.max_service_restarts={restarts}): fix the cause its log "
                             "names and rerun; the journal keeps every finished prompt"
                         ) from None
                     log.warning("%sstarting it again (restart %d of %d)", died, restart + 1, restarts)
