@@ -1,5 +1,6 @@
 """Exporters and the vocabulary mapping, read back as SpecForge and vLLM speculators read them."""
 
+import inspect
 import json
 import shutil
 import struct
@@ -22,6 +23,7 @@ from eagle3_datagen.formats.holdout import choose_holdout, read_holdout, write_h
 from eagle3_datagen.formats.trainer_exports import EXPORTS
 from eagle3_datagen.stages.evaluate.draft import train_config
 from eagle3_datagen.stages.export import export
+from eagle3_datagen.stages.export.exporter import Exporter
 from eagle3_datagen.stages.export.specforge import specforge_sample_path
 from eagle3_datagen.stages.hidden.shard import capture_shard
 from eagle3_datagen.stages.probe import LMHead, probe_shard
@@ -376,3 +378,12 @@ def test_config_validation_refuses_what_no_reader_takes(tmp_path):
     block = {**config, "hidden_states": {**config["hidden_states"], "dtype": "float8_e4m3", "scales": "block"}}
     block["hidden_states"]["scale_block"] = 48  # the demo's hidden size is 64
     assert ["does not divide the model's hidden size 64" in p for p in storage_problems(block)] == [True]
+
+
+@pytest.mark.parametrize("name", EXPORTS.names())
+def test_every_export_has_the_exporters_shape(name):
+    """Each registered export's class takes what `export.export` passes and answers what it calls."""
+    exporter = EXPORTS[name].exporter()
+    for method in ("__init__", "add", "finish"):
+        ours = inspect.signature(getattr(exporter, method)).parameters
+        assert list(ours) == list(inspect.signature(getattr(Exporter, method)).parameters), (name, method)

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 from eagle3_datagen.config_schema import fill_defaults
 
 
-class Family(Protocol):
+class FamilyRendering(Protocol):
     """What rendering reads of a target family (`chat.families`, whose entries build on this module): the
     message layout its template takes and the tokens that end its turns."""
 
@@ -180,7 +180,7 @@ def render_text(
     add_generation_prompt: bool,
     template_kwargs: dict | None = None,
     tools: Sequence[dict] | None = None,
-    family: Family | None = None,
+    family: FamilyRendering | None = None,
 ) -> str:
     """`messages` rendered by the tokenizer's chat template, `tools` (OpenAI layout) declared to it,
     in the message layout `family`'s template reads (None: the generic layout).
@@ -235,7 +235,7 @@ def render_ids(
     add_generation_prompt: bool,
     template_kwargs: dict | None = None,
     tools: Sequence[dict] | None = None,
-    family: Family | None = None,
+    family: FamilyRendering | None = None,
 ) -> list[int]:
     return encode(tokenizer, render_text(tokenizer, messages, add_generation_prompt, template_kwargs, tools, family))
 
@@ -245,7 +245,7 @@ def render_generation_prompt(
     messages: Sequence[dict],
     tools: Sequence[dict] | None = None,
     template_kwargs: dict | None = None,
-    family: Family | None = None,
+    family: FamilyRendering | None = None,
 ) -> list[int]:
     """The input IDs a served model sees before it generates the next assistant turn.
 
@@ -294,7 +294,7 @@ def turn_start(prompt: str, full: str, think_start: str | None, think_end: str |
 def detect_end_of_turn(
     tokenizer: PreTrainedTokenizerBase,
     template_kwargs: dict | None = None,
-    family: Family | None = None,
+    family: FamilyRendering | None = None,
     think: tuple[str | None, str | None] = (None, None),
 ) -> str:
     """The first special token that the template renders after an assistant turn's content."""
@@ -318,7 +318,7 @@ def detect_end_of_turn(
 
 
 def template_special_tokens(
-    tokenizer: PreTrainedTokenizerBase, template_kwargs: dict | None = None, family: Family | None = None
+    tokenizer: PreTrainedTokenizerBase, template_kwargs: dict | None = None, family: FamilyRendering | None = None
 ) -> list[str]:
     """The special tokens a rendered system/user/assistant exchange contains, in first-seen order."""
     probe = [
@@ -336,7 +336,7 @@ def resolve_special_tokens(
     tokenizer: PreTrainedTokenizerBase,
     configured: dict | None = None,
     template_kwargs: dict | None = None,
-    family: Family | None = None,
+    family: FamilyRendering | None = None,
 ) -> SpecialTokens:
     """Resolve end-of-turn, template and thinking tokens to IDs, each checked to round-trip.
 

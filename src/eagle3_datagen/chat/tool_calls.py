@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from eagle3_datagen.chat.template import Family
+    from eagle3_datagen.chat.template import FamilyRendering
 
 # A call id as the model writes it: "functions.get_time:0", or "get_time:0" (KimiK2Detector's pattern).
 MODEL_CALL_ID = re.compile(r"^(?:functions\.)?(?P<name>[\w.\-]+):(?P<index>\d+)$")
@@ -144,7 +144,7 @@ def _call_name(model_id: str, tools: Sequence[dict] | None) -> str | None:
 
 
 def derive_markers(
-    tokenizer: PreTrainedTokenizerBase, template_kwargs: dict | None = None, family: Family | None = None
+    tokenizer: PreTrainedTokenizerBase, template_kwargs: dict | None = None, family: FamilyRendering | None = None
 ) -> ToolCallMarkers:
     """Read the tool-call markers off the chat template's rendering of a two-call turn.
 

@@ -37,6 +37,7 @@ from eagle3_datagen.formats.files import atomic_dir, write_json
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from eagle3_datagen.formats.storage import export_read_ahead
 from eagle3_datagen.formats.trainer_exports import EXPORTS
+from eagle3_datagen.stages.export.exporter import Exporter
 from eagle3_datagen.stages.export.files import ExportFiles
 
 
@@ -57,7 +58,9 @@ def _numbered_parts(shards: list[HiddenShard], held_out: Collection[str]) -> Ite
             number += sum(sid not in held_out for sid in part["ids"])
 
 
-def _write_samples(shards: list[HiddenShard], writer, files: ExportFiles, held_out: set, threads: int) -> list[dict]:
+def _write_samples(
+    shards: list[HiddenShard], writer: Exporter, files: ExportFiles, held_out: set, threads: int
+) -> list[dict]:
     """Every kept sample written by `writer` on `threads` threads, numbered in shard order; returns each
     sample's id and length. Parts are read `export_read_ahead(threads)` ahead and at most two sample files
     per thread are in flight, which bounds the memory (workflow/job_resources.py sizes the job from it)."""
@@ -111,7 +114,7 @@ def export(
         raise ValueError(f"export format must be one of {EXPORTS.names()}, not {fmt!r}")
     shards = _shards(shard_dirs)
     index = shards[0].index if shards else {"aux_layers": [], "final": "raw", "hidden_size": 0}
-    exporter = EXPORTS[fmt].exporter()
+    exporter: type[Exporter] = EXPORTS[fmt].exporter()
     writer = exporter(shards, model_path, vocab_dir, draft_vocab_size, (settings or {}).get(fmt) or {})
     out_dir = Path(out_dir)
     held_out = set(held_out)
