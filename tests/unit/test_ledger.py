@@ -19,13 +19,13 @@ from eagle3_datagen.backends.ledger import (
     STALE_S,
     Ledger,
     Reserved,
-    Spend,
     Synced,
     clear_stop,
     endpoint_key,
     fair_shares,
 )
 from eagle3_datagen.formats.files import read_jsonl
+from eagle3_datagen.formats.spend import Spend
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
 from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
 from tests.helpers import KEY_ENV, REPO, SAMPLING, defaults, openrouter_backend, prompts_file, wait_until

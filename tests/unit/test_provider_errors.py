@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from eagle3_datagen.backends.base import Lost, RequestFailed, RetryableError, StopRun
+from eagle3_datagen.backends.base import RequestFailed, RetryableError, StopRun
 from eagle3_datagen.backends.http import classify, parse_retry_after, read_error
 from eagle3_datagen.backends.stream import ChatStream
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.journal import journal_path, read_journal, row_spend
+from eagle3_datagen.formats.spend import Spend
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, TooManyFailed, run_journaled_responses
 from tests.doubles.loopback import CUT, PROVIDER_ERRORS, REFUSED, FaultPlan, Loopback, ScriptedCall, serve_in_thread
 from tests.helpers import FAST_RETRY, openrouter_backend, prompts_file, run_responses
@@ -45,7 +46,7 @@ def test_an_error_after_the_status_is_classified_as_in_a_body_and_what_arrived_i
     assert type(raised.value) is CLASSES[entry["expect"]["class"]]
     arrived = "".join(c["choices"][0]["delta"].get("content") or "" for c in entry.get("stream", [])[:-1])
     completion = -(-len(arrived) // 4)
-    assert stream.lost() == Lost(100 + completion, pytest.approx((100 * 1.0 + completion * 3.0) / 1e6))
+    assert stream.lost() == Spend(pytest.approx((100 * 1.0 + completion * 3.0) / 1e6), 100 + completion)
 
 
 def test_every_fixture_names_its_source_and_the_set_covers_each_kind():
@@ -281,7 +282,7 @@ def test_a_stream_cut_without_usage_is_counted_from_what_arrived(tmp_path, api_k
         pytest.approx((prompt * 1 + cut * 2) / 1e6),
     )
     assert (
-        row_spend(read_jsonl(tmp_path / "cut" / "out.jsonl.zst")[0])[1]
+        row_spend(read_jsonl(tmp_path / "cut" / "out.jsonl.zst")[0]).tokens
         == turn["usage"]["prompt_tokens"] + turn["usage"]["completion_tokens"] + prompt + cut
     )
     _header, journaled = read_journal(journal_path(tmp_path / "e.zst"))
@@ -290,4 +291,4 @@ def test_a_stream_cut_without_usage_is_counted_from_what_arrived(tmp_path, api_k
         "tokens": 2 * (prompt + arrived),
         "cost": pytest.approx(2 * (prompt + 2 * arrived) / 1e6),
     }
-    assert row_spend(journaled["a"]) == (pytest.approx(2 * (prompt + 2 * arrived) / 1e6), 2 * (prompt + arrived))
+    assert row_spend(journaled["a"]) == Spend(pytest.approx(2 * (prompt + 2 * arrived) / 1e6), 2 * (prompt + arrived))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from eagle3_datagen.config_schema import split
+from eagle3_datagen.formats.spend import Spend
 
 if TYPE_CHECKING:
     import torch
@@ -184,40 +185,15 @@ class CaptureBackend(Protocol):
         ...
 
 
-@dataclass
-class Lost:
-    """Tokens and dollars paid for answers that were not kept: a stream cut off or ended by an error, a 200
-    that carries an error. The provider's usage where it sent one, else estimated from what arrived."""
-
-    tokens: int = 0
-    cost: float = 0.0
-
-    def __add__(self, other: Lost) -> Lost:
-        return Lost(self.tokens + other.tokens, self.cost + other.cost)
-
-    def __bool__(self) -> bool:
-        return bool(self.tokens or self.cost)
-
-    @classmethod
-    def of_usage(cls, usage: dict | None) -> Lost:
-        """What an OpenAI-style `usage` says was paid."""
-        usage = usage or {}
-        tokens = (usage.get("prompt_tokens") or 0) + (usage.get("completion_tokens") or 0)
-        return cls(tokens, usage.get("cost") or 0.0)
-
-    def as_dict(self) -> dict:
-        return {"tokens": self.tokens, "cost": round(self.cost, 9)}
-
-
 class RetryableError(Exception):
     """A request that may succeed when tried again (408, 429, 5xx, a 200 that carries an error). `lost`: what
     the attempts that failed were billed (set by the client, summed over them)."""
 
-    def __init__(self, reason: str, retry_after: float | None = None, lost: Lost | None = None):
+    def __init__(self, reason: str, retry_after: float | None = None, lost: Spend | None = None):
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
-        self.lost = lost or Lost()
+        self.lost = lost or Spend()
 
 
 class RequestFailed(Exception):
@@ -225,11 +201,11 @@ class RequestFailed(Exception):
     recorded as failed, with `kind`, a short stable reason (`context_overflow`, `moderation`, ...), and
     `reason`, the provider's own words; never retried. `lost`: what the request's attempts were billed."""
 
-    def __init__(self, reason: str, kind: str = "bad_request", lost: Lost | None = None):
+    def __init__(self, reason: str, kind: str = "bad_request", lost: Spend | None = None):
         super().__init__(reason)
         self.reason = reason
         self.kind = kind
-        self.lost = lost or Lost()
+        self.lost = lost or Spend()
 
 
 class StopRun(Exception):

@@ -4,7 +4,7 @@ At 2,000 requests in flight the client's own CPU per request decides the rate (B
 are encoded and parsed with orjson, and a request's first attempt runs without tenacity's machinery,
 which only a failed attempt enters. A plain POST may take `timeout_s` in all; a streamed one
 (`post_stream`, server-sent events) has no total, only `idle_timeout_s` between two reads, so a long
-answer that keeps arriving is never cut. What failed attempts were billed (`Lost`: a 200 carrying an
+answer that keeps arriving is never cut. What failed attempts were billed (`Spend`: a 200 carrying an
 error, a stream cut or ended by an error) is summed and returned with the answer, or carried by the
 error that ends the request.
 """
@@ -16,9 +16,10 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import orjson
 
-from eagle3_datagen.backends.base import Lost, RequestFailed, RetryableError, ServerGone
+from eagle3_datagen.backends.base import RequestFailed, RetryableError, ServerGone
 from eagle3_datagen.backends.http import RetryPolicy, classify, parse_retry_after
 from eagle3_datagen.backends.stream import ChatStream
+from eagle3_datagen.formats.spend import Spend
 
 JSON = {"Content-Type": "application/json"}  # every POST's body (a session header: no merge per request)
 
@@ -105,7 +106,7 @@ class JsonClient:
             return ServerGone(f"the server at {self.base_url} is gone ({type(e).__name__}: {e})")
         return RetryableError(f"{type(e).__name__}: {e}")
 
-    async def post(self, path: str, payload: dict, check=lambda body: None) -> tuple[dict, int, Lost]:
+    async def post(self, path: str, payload: dict, check=lambda body: None) -> tuple[dict, int, Spend]:
         """POST with retries; returns the body, the number of attempts it took and what the failed ones
         were billed."""
         data = orjson.dumps(payload)
@@ -116,8 +117,8 @@ class JsonClient:
         data = orjson.dumps(payload)
         return await self._retried(lambda: self._stream_attempt(path, data, new_stream))
 
-    async def _retried(self, attempt: Callable[[], Awaitable[dict]]) -> tuple[dict, int, Lost]:
-        lost = Lost()
+    async def _retried(self, attempt: Callable[[], Awaitable[dict]]) -> tuple[dict, int, Spend]:
+        lost = Spend()
 
         async def counted() -> dict:
             nonlocal lost

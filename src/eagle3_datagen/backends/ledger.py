@@ -61,33 +61,13 @@ import orjson
 
 from eagle3_datagen.backends.service.record import pid_alive
 from eagle3_datagen.formats.journal import journal_path, journal_spend
+from eagle3_datagen.formats.spend import Spend
 
 log = logging.getLogger(__name__)
 
 FORMAT = "eagle3-datagen/ledger-v1"
 # A job on another host is gone once its heartbeat has not moved for this long (it beats every tick).
 STALE_S = 30.0
-
-
-@dataclass(frozen=True)
-class Spend:
-    """Dollars and prompt + completion tokens."""
-
-    cost: float = 0.0
-    tokens: int = 0
-
-    def __add__(self, other: Spend) -> Spend:
-        return Spend(self.cost + other.cost, self.tokens + other.tokens)
-
-    def __sub__(self, other: Spend) -> Spend:
-        return Spend(self.cost - other.cost, self.tokens - other.tokens)
-
-    @classmethod
-    def of(cls, entry: dict) -> Spend:
-        return cls(float(entry.get("cost") or 0.0), int(entry.get("tokens") or 0))
-
-    def as_dict(self) -> dict:
-        return {"cost": round(self.cost, 9), "tokens": self.tokens}
 
 
 @dataclass(frozen=True)

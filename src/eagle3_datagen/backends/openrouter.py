@@ -27,7 +27,6 @@ import json
 import os
 
 from eagle3_datagen.backends.base import (
-    Lost,
     MissingApiKey,
     RetryableError,
     Turn,
@@ -39,6 +38,7 @@ from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
 from eagle3_datagen.backends.stream import ChatStream
 from eagle3_datagen.chat.tool_calls import calls_before, openai_call
+from eagle3_datagen.formats.spend import Spend
 
 MAX_CONCURRENCY = 2000
 
@@ -46,7 +46,7 @@ MAX_CONCURRENCY = 2000
 def _check_completion(body: dict) -> None:
     """A 200 can still be a failed generation: an `error` object, or no usable choice (billed where its usage
     says so)."""
-    lost = Lost.of_usage(body.get("usage"))
+    lost = Spend.of_usage(body.get("usage"))
     if body.get("error"):
         raise RetryableError(f"HTTP 200 with error: {body['error']}", lost=lost)
     choices = body.get("choices") or []

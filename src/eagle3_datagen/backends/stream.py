@@ -16,8 +16,9 @@ the configured prices.
 
 from __future__ import annotations
 
-from eagle3_datagen.backends.base import Lost, RetryableError
+from eagle3_datagen.backends.base import RetryableError
 from eagle3_datagen.backends.http import classify
+from eagle3_datagen.formats.spend import Spend
 
 CHARS_PER_TOKEN = 4  # for a cut stream's estimate only: the provider's usage counts where it sent any
 STRING_PARTS = ("text", "summary", "data", "signature")  # a reasoning detail's fields a stream sends in pieces
@@ -102,12 +103,12 @@ class ChatStream:
         calls = sum(len(str(c["function"].get("arguments", ""))) for c in self.calls.values())
         return sum(map(len, self.content)) + sum(map(len, self.reasoning)) + calls
 
-    def lost(self) -> Lost:
+    def lost(self) -> Spend:
         """What this answer, not kept, cost: its usage where the stream sent one, else the estimate; nothing
         where no chunk arrived (an error status before the stream: not billed)."""
         if not self.started:
-            return Lost()
-        return Lost.of_usage(self.usage or self.estimated_usage())
+            return Spend()
+        return Spend.of_usage(self.usage or self.estimated_usage())
 
     def estimated_usage(self) -> dict:
         """The usage of what arrived, estimated (a stream that sent none)."""

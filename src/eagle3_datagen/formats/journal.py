@@ -29,6 +29,8 @@ from pathlib import Path
 
 import orjson
 
+from eagle3_datagen.formats.spend import Spend
+
 log = logging.getLogger(__name__)
 
 FORMAT = "eagle3-datagen/responses-journal-v1"
@@ -43,27 +45,17 @@ def journal_path(out_path: str | Path) -> Path:
     return out_path.with_name(f".{out_path.name}.journal.jsonl")
 
 
-def usage_spend(usage: dict | None) -> tuple[float, int]:
-    """The dollars and prompt + completion tokens one answered request's usage says it cost, with what its
-    earlier cut attempts were billed (`lost_*`)."""
-    usage = usage or {}
-    tokens = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0) + usage.get("lost_tokens", 0)
-    return (usage.get("cost") or 0.0) + usage.get("lost_cost", 0.0), tokens
-
-
-def row_spend(row: dict) -> tuple[float, int]:
-    """The dollars and prompt + completion tokens a row's regenerated turns cost, with what its failed
-    requests were billed (a turn's `lost_*`, a failed row's `lost`)."""
-    lost = row.get("lost") or {}
-    cost, tokens = lost.get("cost", 0.0), lost.get("tokens", 0)
+def row_spend(row: dict) -> Spend:
+    """What a row's regenerated turns cost, with what its failed requests were billed (a turn's `lost_*`, a
+    failed row's `lost`)."""
+    spend = Spend.of(row.get("lost") or {})
     for message in row["messages"]:
         if message["role"] == "assistant":
-            turn_cost, turn_tokens = usage_spend(message.get("usage"))
-            cost, tokens = cost + turn_cost, tokens + turn_tokens
-    return cost, tokens
+            spend += Spend.of_usage(message.get("usage"))
+    return spend
 
 
-def _parse(path: str | Path) -> tuple[dict, dict[str, dict], int, tuple[float, int]]:
+def _parse(path: str | Path) -> tuple[dict, dict[str, dict], int, Spend]:
     """(header, every row by id (a later line for an id replaces an earlier one), bytes of complete lines,
     the spend of every line and the header's `carried`): a torn or half-written last line left out.
 
@@ -72,15 +64,13 @@ def _parse(path: str | Path) -> tuple[dict, dict[str, dict], int, tuple[float, i
     complete = data[: data.rfind(b"\n") + 1]
     lines = complete.splitlines()
     header = orjson.loads(lines[0]) if lines else {}
-    carried = header.get("carried") or {}
-    cost, tokens = carried.get("cost", 0.0), carried.get("tokens", 0)
+    spent = Spend.of(header.get("carried") or {})
     rows = {}
     for line in lines[1:]:
         row = orjson.loads(line)
         rows[row["id"]] = row
-        row_cost, row_tokens = row_spend(row)
-        cost, tokens = cost + row_cost, tokens + row_tokens
-    return header, rows, len(complete), (cost, tokens)
+        spent += row_spend(row)
+    return header, rows, len(complete), spent
 
 
 def kept(row: dict) -> bool:
@@ -88,7 +78,7 @@ def kept(row: dict) -> bool:
     return row["status"] != "failed" or row.get("asked", 0) >= ASKS_PER_REFUSAL
 
 
-def _read(path: Path) -> tuple[dict, dict[str, dict], dict[str, int], int, tuple[float, int]]:
+def _read(path: Path) -> tuple[dict, dict[str, dict], dict[str, int], int, Spend]:
     """`_parse` split into the rows a rerun keeps and, for the refused prompts it asks again, how many runs
     asked each."""
     header, rows, complete, spent = _parse(path)
@@ -101,11 +91,11 @@ def journal_spend(path: Path, backend: str, model: str) -> dict | None:
     written by `backend` for `model`."""
     if not path.exists():
         return None
-    header, _, _, (cost, tokens) = _parse(path)
+    header, _, _, spent = _parse(path)
     fingerprint = orjson.loads(header.get("fingerprint") or "{}")
     if (fingerprint.get("backend"), fingerprint.get("model")) != (backend, model):
         return None
-    return {"cost": round(cost, 9), "tokens": tokens}
+    return spent.as_dict()
 
 
 class Journal:
@@ -122,7 +112,7 @@ class Journal:
         self.rows: dict[str, dict] = {}
         self.refused_asks: dict[str, int] = {}  # a refused prompt asked again: how many runs asked it before
         # What every turn the journal records cost (failed rows', and those a rewrite left out, included).
-        self.spent: tuple[float, int] = (0.0, 0)
+        self.spent = Spend()
         self._load(still_valid)
         self._file = self.path.open("ab")
 
@@ -158,15 +148,14 @@ class Journal:
         self.rows, self.refused_asks, self.spent = rows, refused, spent
         log.info("%s: %d answered rows from earlier runs", self.path, len(self.rows))
 
-    def _start(self, rows: list[dict], carried: tuple[float, int] = (0.0, 0)) -> None:
+    def _start(self, rows: list[dict], carried: Spend = Spend()) -> None:
         """A fresh journal holding `rows` (some of the journal it replaces, whose spend was `carried`: the
         rows left out stay counted in the header), written whole under a temporary name and renamed."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = [row_spend(row) for row in rows]
-        left_out = (carried[0] - sum(c for c, _ in kept), carried[1] - sum(t for _, t in kept))
+        left_out = carried - sum((row_spend(row) for row in rows), Spend())
         header = {"format": FORMAT, "fingerprint": self.fingerprint, "started": time.time()}
-        if left_out[0] > 0 or left_out[1] > 0:
-            header["carried"] = {"cost": round(left_out[0], 9), "tokens": left_out[1]}
+        if left_out.cost > 0 or left_out.tokens > 0:
+            header["carried"] = left_out.as_dict()
         lines = [orjson.dumps(header), *(orjson.dumps(row) for row in rows)]
         partial = self.path.with_name(self.path.name + ".partial")
         partial.write_bytes(b"\n".join(lines) + b"\n")
@@ -178,8 +167,7 @@ class Journal:
         self._file.write(orjson.dumps(row) + b"\n")
         self._file.flush()
         self.rows[row["id"]] = row
-        cost, tokens = row_spend(row)
-        self.spent = (self.spent[0] + cost, self.spent[1] + tokens)
+        self.spent += row_spend(row)
 
     def close(self) -> None:
         self._file.close()

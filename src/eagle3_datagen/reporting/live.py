@@ -22,6 +22,7 @@ from pathlib import Path
 from eagle3_datagen.chat.gates import Gates
 from eagle3_datagen.formats.files import read_json, read_jsonl
 from eagle3_datagen.formats.journal import journal_path, read_journal, row_spend
+from eagle3_datagen.formats.spend import Spend
 
 COUNTS = ("prompts", "answered", "failed", "truncated", "gated", "tokens")
 
@@ -105,8 +106,8 @@ def shard_progress(results: Path, partition: str, shard: str, gates: Gates | Non
         progress.failed, progress.truncated = status["failed"], status["truncated"]
         progress.answered = len(rows) - status["failed"]
         progress.failure_counts.update(r.get("failure") or "failed" for r in rows if r["status"] == "failed")
-        spends = [row_spend(row) for row in rows]
-        progress.cost, progress.tokens = sum(c for c, _ in spends), sum(t for _, t in spends)
+        spent = sum((row_spend(row) for row in rows), Spend())
+        progress.cost, progress.tokens = spent.cost, spent.tokens
         if header.get("started") and rows:
             progress.rows_per_s = len(rows) / max(now - header["started"], 1e-3)
         _gated(progress, audit, rows, gates)

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from eagle3_datagen.backends.base import Lost, Turn
+from eagle3_datagen.backends.base import Turn
 from eagle3_datagen.chat.tool_calls import same_call
 from eagle3_datagen.formats.histograms import histogram
+from eagle3_datagen.formats.spend import Spend
 
 TOOL_COUNTS = ("regenerated", "matched", "diverged", "results_reused", "recorded_not_called")
 
@@ -48,7 +49,7 @@ class Conversation:
         self.error: str | None = None
         self.failure: str | None = None  # a failed prompt's short reason (`RequestFailed.kind`, retries_exhausted)
         self.refused = False  # the provider refused the prompt itself: a rerun asks again at most once more
-        self.lost = Lost()
+        self.lost = Spend()
         self.counts: Counter = Counter()
         self._turns = 0
         self._segments: deque[tuple[list[dict], list[_Step]]] = deque()
@@ -79,7 +80,7 @@ class Conversation:
     def _end(self, reason: str) -> None:
         self.ended, self.done = reason, True
 
-    def fail(self, error: str, failure: str, lost: Lost, refused: bool = False) -> None:
+    def fail(self, error: str, failure: str, lost: Spend, refused: bool = False) -> None:
         """The prompt failed: `error` in the provider's words, `failure` its short reason, `lost` what its
         failed requests were billed; `refused`: the provider refuses the prompt itself."""
         self.status, self.error, self.done = "failed", error, True

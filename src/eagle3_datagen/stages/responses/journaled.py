@@ -31,15 +31,15 @@ from eagle3_datagen.backends.base import (
     AsyncGenerationBackend,
     ConversationGroup,
     LockstepGroups,
-    Lost,
     RequestFailed,
     RetryableError,
     ServerGone,
     StopRun,
 )
-from eagle3_datagen.backends.ledger import Ledger, Spend
+from eagle3_datagen.backends.ledger import Ledger
 from eagle3_datagen.formats.files import read_jsonl, write_json, write_jsonl_zst
-from eagle3_datagen.formats.journal import ASKS_PER_REFUSAL, Journal, journal_path, row_spend, usage_spend
+from eagle3_datagen.formats.journal import ASKS_PER_REFUSAL, Journal, journal_path, row_spend
+from eagle3_datagen.formats.spend import Spend
 from eagle3_datagen.progress import Progress
 from eagle3_datagen.stages.responses.conversation import Conversation, response_stats, throughput
 from eagle3_datagen.stages.responses.limits import Budgets, Limits
@@ -83,17 +83,17 @@ async def _conversation(
             if not answered:
                 return None
             # its paid turns stay counted; a rerun asks again
-            conversation.fail(f"{BUDGET_CUT}{reason}", "budget", Lost())
+            conversation.fail(f"{BUDGET_CUT}{reason}", "budget", Spend())
             break
         cost = Spend()
         try:
             turn = await asker.generate(conversation.messages, conversation.tools)
-            cost = Spend(*usage_spend(turn.usage))
+            cost = Spend.of_usage(turn.usage)
         except RequestFailed as e:
-            cost = Spend(e.lost.cost, e.lost.tokens)
+            cost = e.lost
             conversation.fail(e.reason, e.kind, e.lost, refused=True)
         except RetryableError as e:
-            cost = Spend(e.lost.cost, e.lost.tokens)
+            cost = e.lost
             conversation.fail(f"retries exhausted: {e.reason}", "retries_exhausted", e.lost)
         else:
             conversation.add(turn)
@@ -149,7 +149,7 @@ async def regenerate_journaled(
                 if "asked" in row:
                     row["asked"] += journal.refused_asks.get(row["id"], 0)
                 journal.append(row)
-                row_cost = Spend(*row_spend(row))
+                row_cost = row_spend(row)
                 progress.advance(tokens=row_cost.tokens, failed=row["status"] == "failed", cost=row_cost.cost)
             limits.release()
 
@@ -243,7 +243,7 @@ def run_journaled_responses(
         lambda old: answers_still_valid(backend, fingerprint, old),
     )
     resumed, started = set(journal.rows), time.monotonic()
-    limits = Limits(budgets, backend.concurrency, Spend(*journal.spent), ledger)
+    limits = Limits(budgets, backend.concurrency, journal.spent, ledger)
     try:
         with _collecting_young_every(YOUNG_COLLECTION_EVERY):
             stopped = asyncio.run(regenerate_journaled(prompts, backend, journal, limits, progress_interval))
@@ -269,7 +269,7 @@ def run_journaled_responses(
     stats = {"backend": backend.name, "model": backend.model, **response_stats(rows)}
     stats["throughput"] = throughput([r for r in rows if r["id"] not in resumed], time.monotonic() - started)
     stats["failed"] = {r["id"]: r["error"] for r in rows if r["status"] == "failed"}
-    stats["spent"] = Spend(*journal.spent).as_dict()  # every turn paid for: failed and replaced rows' too
+    stats["spent"] = journal.spent.as_dict()  # every turn paid for: failed and replaced rows' too
     if provenance:
         stats["provenance"] = provenance
     write_json(stats_path, stats)

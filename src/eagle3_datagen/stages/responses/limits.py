@@ -22,7 +22,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from eagle3_datagen.backends.ledger import Ledger, Spend, Synced
+from eagle3_datagen.backends.ledger import Ledger, Synced
+from eagle3_datagen.formats.spend import Spend
 
 log = logging.getLogger(__name__)
 
