@@ -235,8 +235,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def wait_until(condition, timeout=60.0, interval=0.1) -> bool:
-    """Whether `condition()` came true within `timeout` s, asked every `interval` s."""
+def wait_until(condition, timeout=300.0, interval=0.1) -> bool:
+    """Whether `condition()` came true within `timeout` s, asked every `interval` s. The timeout only bounds a
+    hang: a loaded machine (a test run beside another) may take minutes to start a job's Python."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:

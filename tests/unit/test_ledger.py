@@ -296,7 +296,9 @@ def test_spend_under_a_cap_with_slow_answers_and_a_job_killed_with_9_stays_withi
             return mine[0]["reserved"] if mine else {"cost": 0.0}
 
         worst = worst_case(shards[0])
-        assert wait_until(lambda: ledger.exists() and server.completed and reserved(0)["cost"] >= 10 * worst, 60, 0.02)
+        assert wait_until(
+            lambda: ledger.exists() and server.completed and reserved(0)["cost"] >= 10 * worst, interval=0.02
+        )
         held_at_kill = reserved(0)["cost"]
         jobs[0].send_signal(signal.SIGKILL)
         jobs[0].wait()
