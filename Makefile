@@ -114,8 +114,8 @@ slurm-packages: ## install the SLURM test cluster's Debian packages (as root)
 
 # Every tier but the end-to-end runs, the SLURM cluster, SGLang, the trainers and the families' runs: under
 # 5 minutes. Two workers: the node-service and runner tests spend much of their time waiting on other processes.
-FAST := not e2e and not slurm and not sglang and not trainers and not families
-test-fast: install ## every tier but e2e, SLURM, SGLang, trainers and the families' runs (under 5 minutes)
+FAST := not e2e and not slurm and not sglang and not vllm and not trainers and not families
+test-fast: install ## every tier but e2e, SLURM, SGLang, vLLM, trainers and the families' runs (under 5 minutes)
 	pytest -q -n 2 -m "$(FAST)" --durations=25
 
 # Two runs side by side: the main suite (one pytest process, many single-threaded tests) leaves one of
@@ -139,9 +139,9 @@ test-main: install specforge-env ## the main suite, but for MAIN_BESIDE (part of
 	mkdir -p $(TEST_TMP)/main
 	TMPDIR=$(TEST_TMP)/main pytest -q --durations=25 --slurm-first $(addprefix --ignore=,$(MAIN_BESIDE))
 
-# Each trainer's and SGLang's tests run under their own venv, with their releases' own pins.
+# Each trainer's, SGLang's and vLLM's tests run under their own venv, with their releases' own pins.
 RUN_APART := -m pytest -q -o addopts=-ra --durations=25
-test-apart: install sglang-env speculators-env specforge-env $(GPU_VENV)/.installed ## the SGLang, trainer and node-env tiers in their venvs, then MAIN_BESIDE (part of make test)
+test-apart: install sglang-env vllm-env speculators-env specforge-env $(GPU_VENV)/.installed ## the SGLang, vLLM, trainer and node-env tiers in their venvs, then MAIN_BESIDE (part of make test)
 	mkdir -p $(TEST_TMP)/apart
 	$(MAKE) --no-print-directory test-node-env
 	TMPDIR=$(TEST_TMP)/apart $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
@@ -149,6 +149,7 @@ test-apart: install sglang-env speculators-env specforge-env $(GPU_VENV)/.instal
 		tests/trainers/test_specforge_templates.py \
 		tests/trainers/test_evaluate.py
 	TMPDIR=$(TEST_TMP)/apart $(SGLANG_VENV)/bin/python $(RUN_APART) tests/real_sglang
+	TMPDIR=$(TEST_TMP)/apart $(VLLM_VENV)/bin/python $(RUN_APART) tests/real_vllm
 	TMPDIR=$(TEST_TMP)/apart pytest -q --durations=25 $(MAIN_BESIDE)
 
 lint: install ## ruff, snakefmt and snakemake --lint
