@@ -19,14 +19,11 @@ WIDTH = TINY_QWEN3["hidden_size"]
 
 @pytest.fixture(scope="module")
 def capture(vllm_model_dir):
-    """The engine in this process (no engine-core and worker processes, each of which imports vLLM again:
-    half the start on a busy machine); vLLM 0.32.0's CPU platform allows the one-process executor only
-    with VLLM_ENABLE_V1_MULTIPROCESSING=0."""
-    engine = {"max_model_len": MAX_MODEL_LEN, "enforce_eager": True, "distributed_executor_backend": "uni"}
-    settings = fill_defaults({"dtype": "float32", "engine_args": engine}, "hidden_states.vllm")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        return VLLMCapture(vllm_model_dir, AUX, settings)
+    """vLLM's engine in its own processes (its default), as the capture runner holds it."""
+    engine = {"max_model_len": MAX_MODEL_LEN, "enforce_eager": True}
+    return VLLMCapture(
+        vllm_model_dir, AUX, fill_defaults({"dtype": "float32", "engine_args": engine}, "hidden_states.vllm")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +69,13 @@ def test_shards_hold_the_states_the_engine_computed(capture, reference, tmp_path
     assert list(capture.storage.iterdir()) == []
 
 
-def test_a_normed_final_or_the_layer_check_is_refused_before_loading(vllm_model_dir):
+def test_a_normed_final_the_layer_check_or_an_engine_in_process_is_refused_before_loading(vllm_model_dir, monkeypatch):
     model = {"path": str(vllm_model_dir), "trust_remote_code": False}
-    hidden = {**HIDDEN_SETTINGS, "final": "normed", "vllm": fill_defaults({}, "hidden_states.vllm")}
+    hidden = {**HIDDEN_SETTINGS, "aux_layers": AUX, "final": "normed", "vllm": fill_defaults({}, "hidden_states.vllm")}
     with pytest.raises(ValueError, match="set hidden_states.final: raw"):
         VLLMCapture.for_job(hidden, model)
     with pytest.raises(ValueError, match="layer_check_samples: 0"):
         VLLMCapture.for_job({**hidden, "final": "raw", "layer_check_samples": 4}, model)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    with pytest.raises(RuntimeError, match="unset VLLM_ENABLE_V1_MULTIPROCESSING"):
+        VLLMCapture.for_job({**hidden, "final": "raw"}, model)

@@ -12,6 +12,7 @@ export applies the norm). Each prompt is one request of one generated token (gre
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -81,6 +82,13 @@ class VLLMCapture:
         return cls(model["path"], hidden["aux_layers"], hidden["vllm"], model["trust_remote_code"])
 
     def __init__(self, model_path: str | Path, aux_spec, settings: dict, trust_remote_code: bool = False):
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+            # The connector writes a request's file on a later engine step, which an engine in this
+            # process only takes inside the next call: reading would wait on the file's lock for ever.
+            raise RuntimeError(
+                "hidden_states.backend: vllm needs vLLM's engine core in its own process: unset "
+                "VLLM_ENABLE_V1_MULTIPROCESSING (it is 0)"
+            )
         from transformers import AutoConfig
         from vllm import LLM
 
