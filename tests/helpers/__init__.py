@@ -157,19 +157,19 @@ def target_chat(folder: str, **model):
 
 
 def tiny_qwen3(vocab_size: int, num_layers: int = 8, **overrides):
-    """A random Qwen3 of width 32 (seed it first), for tests that need a real forward pass."""
+    """A random Qwen3 of width 32 (seed it first), for tests that need a real forward pass; `overrides`: other
+    Qwen3Config values (a wider one)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    shape = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+    }
     config = Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=1024,
-        **overrides,
+        vocab_size=vocab_size, num_hidden_layers=num_layers, max_position_embeddings=1024, **{**shape, **overrides}
     )
     return Qwen3ForCausalLM(config)
 

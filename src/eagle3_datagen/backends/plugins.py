@@ -164,6 +164,18 @@ for generation in (
         label="SGLang",
     ),
     GenerationBackend(
+        "vllm",
+        "inference.vllm",
+        "eagle3_datagen.backends.vllm.generate:VLLMBackend.for_job",
+        "vllm",
+        token_ids=True,
+        on_node=True,
+        gpu=_always,
+        node_service=lambda section: "launch" in section,
+        service="eagle3_datagen.backends.vllm.server:service_for_job",
+        imports="vllm",
+    ),
+    GenerationBackend(
         "openrouter",
         "inference.openrouter",
         "eagle3_datagen.backends.openrouter:OpenRouterBackend.for_job",
@@ -193,6 +205,14 @@ for capture in (
         tensor_parallel=True,
         imports="sglang",
         label="SGLang",
+    ),
+    CaptureBackend(
+        "vllm",
+        "hidden_states.vllm",
+        "eagle3_datagen.backends.vllm.capture:VLLMCapture.for_job",
+        "vllm",
+        gpu=_always,
+        imports="vllm",
     ),
 ):
     CAPTURE.register(capture.name)(capture)

@@ -1,0 +1,1 @@
+"""The vLLM backends: its OpenAI-compatible server for generation, its `extract_hidden_states` method for capture."""
