@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3_datagen.backends.sglang.server import wait_healthy
+from eagle3_datagen.backends.service.supervise import wait_healthy
 from eagle3_datagen.backends.vllm.capture import extraction_settings, read_states
 from eagle3_datagen.backends.vllm.generate import VLLMBackend
 from eagle3_datagen.backends.vllm.server import server_command

@@ -17,7 +17,7 @@ PACKAGE = REPO / "src" / "eagle3_datagen"
 # sglang is imported only inside the SGLang backends, which run in their own env (envs/sglang.yaml,
 # envs/sglang-cpu.txt), specforge only inside the evaluate stage, which runs in SpecForge's
 # (envs/specforge-cpu.txt); everything else the package imports is a runtime dependency.
-OWN_ENV = {"sglang", "specforge"}
+OWN_ENV = {"sglang", "specforge", "vllm"}
 
 
 def imports(path: Path) -> set[str]:
@@ -132,7 +132,7 @@ def test_status_and_plan_load_no_torch():
 
 
 TESTS = REPO / "tests"
-TIERS = {"unit", "workflow", "slurm", "bench", "families", "real_sglang", "trainers", "node_env"}
+TIERS = {"unit", "workflow", "slurm", "bench", "families", "real_sglang", "real_vllm", "trainers", "node_env"}
 
 
 def test_every_test_file_is_in_a_tier_folder_and_no_test_imports_a_conftest():

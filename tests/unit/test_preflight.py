@@ -91,7 +91,7 @@ def test_sglang_must_be_importable_where_the_jobs_run_it_unless_conda_brings_it(
     env = {"PATH": VENV_BIN}
     server, runner = problems(config, jobs, env, envs_deployed=False)
     assert server.startswith(f"SGLang is not importable by {VENV_BIN}/python, which inference.sglang.launch runs")
-    assert runner.startswith(f"SGLang is not importable by {sys.executable}, which runs torchrun")
+    assert runner.startswith(f"SGLang is not importable by {sys.executable}, which runs the capture runner (torchrun)")
     assert "--sdm conda" in server and "--sdm conda" in runner
     assert problems(config, jobs, env, envs_deployed=True) == []
     assert problems(config, jobs, {**env, **fake_sglang(tmp_path)}, envs_deployed=False) == []
@@ -99,6 +99,23 @@ def test_sglang_must_be_importable_where_the_jobs_run_it_unless_conda_brings_it(
     del config["inference"]["sglang"]["launch"]
     config["hidden_states"]["backend"] = "hf"
     assert problems(config, [Job("responses", "B1_glaive"), Job("hidden_states", "B1_glaive")], env, False) == []
+
+
+def test_a_launched_vllm_server_and_its_capture_are_checked_by_their_registry_entries(tmp_path):
+    """The same check, read from vLLM's entries: its module, its launcher, its section and its env file; a
+    partition of each launched backend gets each one's line."""
+    config = kimi("sglang")
+    config["model"]["path"] = str(model_dir(tmp_path / "model"))
+    config["inference"]["vllm"] = {"launch": fill_defaults({}, "inference.vllm.launch")}
+    config["partitions"]["B3_magicoder_oss"]["backend"] = "vllm"
+    config["hidden_states"]["backend"] = "vllm"
+    jobs = [Job("responses_served", "B1_glaive"), Job("responses_served", "B3_magicoder_oss")]
+    sglang, vllm, runner = problems(config, [*jobs, Job("hidden_states", "B1_glaive")], {"PATH": VENV_BIN}, False)
+    assert sglang.startswith("SGLang is not importable") and "(envs/sglang.yaml)" in sglang
+    assert vllm.startswith(f"vLLM is not importable by {VENV_BIN}/python, which inference.vllm.launch runs ")
+    assert "(vllm.entrypoints.openai.api_server)" in vllm and "(envs/vllm.yaml)" in vllm
+    assert runner.startswith(f"vLLM is not importable by {VENV_BIN}/python, which runs the capture runner (python) ")
+    assert "hidden_states.backend: vllm" in runner
 
 
 def test_the_evaluate_jobs_need_specforges_interpreter_and_a_chain_of_proposals(tmp_path):

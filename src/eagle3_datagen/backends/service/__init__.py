@@ -24,7 +24,9 @@ reschedules no finished one.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from eagle3_datagen.backends.base import ServerError
 
@@ -52,3 +54,28 @@ class Service:
     gpus: int = 0  # under SLURM, the GPUs its job step asks for
     # `resources.handover` (timeout, max_used_mib): with GPUs, it starts once their memory is free (`gpus`)
     handover: dict | None = None
+
+    @classmethod
+    def launched_server(
+        cls, name: str, command: list[str], model: str | Path, url: str, launch: dict, log: str | Path,
+        gpus: int = 0, handover: dict | None = None,
+    ) -> Service:  # fmt: skip
+        """A launched backend's server (`command` on `model` at `url`, with the schema's shared `launch`
+        block) as the node's service for every shard job, started once the GPUs' memory is free
+        (`handover`: `resources.handover`). Its key is its whole command line: a job that launches another
+        replaces it."""
+        return cls(
+            name=name,
+            kind="generation_server",
+            model=str(Path(model).resolve()),
+            key=json.dumps(command),
+            command=command,
+            log=str(log),
+            health_url=url,
+            ready_timeout=launch["health_timeout"],
+            idle_timeout=launch["idle_timeout"],
+            stop_timeout=launch["stop_timeout"],
+            hang_timeout=launch["hang_timeout"],
+            gpus=gpus,
+            handover=handover,
+        )

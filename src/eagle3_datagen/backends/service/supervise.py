@@ -21,7 +21,10 @@ import subprocess
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 
+from eagle3_datagen.backends.base import ServerError
 from eagle3_datagen.backends.service import Service, ServiceError
 from eagle3_datagen.backends.service.gpus import wait_for_free_memory
 from eagle3_datagen.backends.service.record import (
@@ -50,6 +53,26 @@ def healthy(url: str, timeout: float = 5.0) -> bool:
     with contextlib.suppress(OSError), urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as response:
         return response.status == 200
     return False
+
+
+def wait_healthy(
+    url: str, timeout: float, alive: Callable[[], bool] | None = None, log_path: str | Path | None = None
+) -> None:
+    """Poll `/health` until the server answers 200; fail at once if `alive` (of a server we started) turns false.
+
+    The one health check: the job that launches a server and the backend that waits for one both use it.
+    """
+    deadline = time.monotonic() + timeout
+    while alive is None or alive():
+        if healthy(url):
+            log.info("server healthy at %s", url)
+            return
+        if time.monotonic() > deadline:
+            see = f"; see {log_path}" if log_path else ""
+            raise ServerError(f"no healthy server at {url} after {timeout} s{see}")
+        time.sleep(1.0)
+    tail = Path(log_path).read_text(errors="replace")[-2000:] if log_path else ""
+    raise ServerError(f"the server exited while starting:\n{tail}")
 
 
 def ready(service: Service, directory) -> bool:

@@ -4,41 +4,17 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import signal
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
-from eagle3_datagen.backends.base import ServerError
 from eagle3_datagen.backends.plugins import GENERATION
 from eagle3_datagen.backends.service import Service
-from eagle3_datagen.backends.service.supervise import healthy, process_group
+from eagle3_datagen.backends.service.supervise import process_group, wait_healthy
 
 log = logging.getLogger(__name__)
-
-
-def wait_healthy(
-    url: str, timeout: float, alive: Callable[[], bool] | None = None, log_path: str | Path | None = None
-) -> None:
-    """Poll `/health` until the server answers 200; fail at once if `alive` (of a server we started) turns false.
-
-    The one health check: the job that launches a server and the backend that waits for one both use it.
-    """
-    deadline = time.monotonic() + timeout
-    while alive is None or alive():
-        if healthy(url):
-            log.info("SGLang server healthy at %s", url)
-            return
-        if time.monotonic() > deadline:
-            see = f"; see {log_path}" if log_path else ""
-            raise ServerError(f"no healthy SGLang server at {url} after {timeout} s{see}")
-        time.sleep(1.0)
-    tail = Path(log_path).read_text(errors="replace")[-2000:] if log_path else ""
-    raise ServerError(f"the SGLang server exited while starting:\n{tail}")
 
 
 def launch_args(launch: dict) -> list[str]:
@@ -100,22 +76,8 @@ def server_service(
     model_path: str | Path, url: str, launch: dict, log_path: str | Path, gpus: int = 0, handover: dict | None = None
 ) -> Service:
     """The launched server as the node's shared service (`backends.service`): one per node for every shard
-    job, started once the GPUs' memory is free (`handover`: `resources.handover`). The model's path is
-    absolute: jobs of another workflow directory on the node do not share it."""
+    job. The model's path is absolute: jobs of another workflow directory on the node do not share it."""
     model = Path(model_path).resolve()
-    command = server_command(model, url, launch)
-    return Service(
-        name="SGLang server",
-        kind="generation_server",
-        model=str(model),
-        key=json.dumps(command),
-        command=command,
-        log=str(log_path),
-        health_url=url,
-        ready_timeout=launch["health_timeout"],
-        idle_timeout=launch["idle_timeout"],
-        stop_timeout=launch["stop_timeout"],
-        hang_timeout=launch["hang_timeout"],
-        gpus=gpus,
-        handover=handover,
+    return Service.launched_server(
+        "SGLang server", server_command(model, url, launch), model, url, launch, log_path, gpus, handover
     )

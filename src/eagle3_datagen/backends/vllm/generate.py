@@ -25,7 +25,7 @@ from eagle3_datagen.backends.base import (
 from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
 from eagle3_datagen.backends.rendered import RenderedChat
-from eagle3_datagen.backends.sglang.server import wait_healthy
+from eagle3_datagen.backends.service.supervise import wait_healthy
 
 log = logging.getLogger(__name__)
 

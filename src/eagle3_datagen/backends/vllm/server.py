@@ -5,20 +5,20 @@ The server runs as `python -m vllm.entrypoints.openai.api_server` (the `vllm` co
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+from eagle3_datagen.backends.plugins import GENERATION
 from eagle3_datagen.backends.service import Service
 
 
 def server_command(model_path: str | Path, url: str, launch: dict, python: str = sys.executable) -> list[str]:
-    """`launch.command` (absent: the job's own interpreter's vLLM) with the model, the URL's host and port,
-    `launch.args` and `launch.run_args`."""
+    """The launch command (its registry entry's) with the model, the URL's host and port, `launch.args` and
+    `launch.run_args`."""
     parsed = urlparse(url)
     return [
-        *(launch.get("command") or [python, "-m", "vllm.entrypoints.openai.api_server"]),
+        *GENERATION["vllm"].launch_command(launch, python),
         "--model",
         str(model_path),
         "--host",
@@ -32,23 +32,12 @@ def server_command(model_path: str | Path, url: str, launch: dict, python: str =
 
 def service_for_job(settings: dict, server_log: str | None) -> Service:
     """The server a responses job's settings launch (plugins.GenerationBackend.service): one per node for
-    every shard job, started once the GPUs' memory is free. The model's path is absolute: jobs of another
-    workflow directory on the node do not share it."""
-    vllm, launch = settings["vllm"], settings["vllm"]["launch"]
+    every shard job. The model's path is absolute: jobs of another workflow directory on the node do not
+    share it."""
+    vllm = settings["vllm"]
     model = Path(settings["model"]["path"]).resolve()
-    command = server_command(model, vllm["url"], launch)
-    return Service(
-        name="vLLM server",
-        kind="generation_server",
-        model=str(model),
-        key=json.dumps(command),
-        command=command,
-        log=str(server_log or "vllm-server.log"),
-        health_url=vllm["url"],
-        ready_timeout=launch["health_timeout"],
-        idle_timeout=launch["idle_timeout"],
-        stop_timeout=launch["stop_timeout"],
-        hang_timeout=launch["hang_timeout"],
-        gpus=settings["gpus"],
-        handover=settings["handover"],
+    command = server_command(model, vllm["url"], vllm["launch"])
+    log = server_log or "vllm-server.log"
+    return Service.launched_server(
+        "vLLM server", command, model, vllm["url"], vllm["launch"], log, settings["gpus"], settings["handover"]
     )
