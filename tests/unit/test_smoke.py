@@ -95,6 +95,8 @@ def test_the_gpu_check_loads_the_slice_its_plan_announced_where_two_copies_do_no
     share = (total - layer_7) / total
     assert check.minutes == pytest.approx(2 * 600 * share / 60)  # plan.load_seconds' capture runner, twice
     assert check.basis.startswith(f"2 x {share:.3g} x capture_runner load from plan.load_seconds")
+    too_small = {s.name: s for s in planned_steps(smoke, config, tmp_path, gpus=2, gpu_bytes=1000)}["GPU check"]
+    assert "scripts/gpu_check.py on nothing: even 7 layers" in too_small.process  # announced; the others go on
 
     stand_in_nvidia_smi([])  # two 81559 MiB GPUs
     run = Smoke(tmp_path, tmp_path, smoke, "profiles/local", StringIO())

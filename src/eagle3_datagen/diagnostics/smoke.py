@@ -127,9 +127,12 @@ def planned_steps(smoke: dict, week: dict, root: Path, gpus: int, gpu_bytes: int
     steps = []
     tp = smoke["resources"]["gpus_per_node"]
     if gpus and _uses_sglang(smoke, partitions):
-        size = gpu_check_size(smoke, root, gpu_bytes)
+        try:
+            size = gpu_check_size(smoke, root, gpu_bytes)
+            what = size.describe() if size else "the model, not built yet"
+        except ValueError as e:  # not even its slice fits: the step fails, the others go on
+            size, what = None, f"nothing: {e}"
         share = size.bytes / size.checkpoint_bytes if size else 1.0
-        what = size.describe() if size else "the model, not built yet"
         steps.append(
             PlannedStep(
                 "GPU check",
