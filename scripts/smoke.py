@@ -52,7 +52,7 @@ def main() -> None:
     profile = str(root / args.profile) if (root / args.profile).exists() else args.profile
     smoke = fill_defaults(smoke)
     runner = Smoke(root, work, smoke, profile, sys.stdout)
-    ok = runner.run(planned_steps(smoke, config, root, runner.gpus))
+    ok = runner.run(planned_steps(smoke, config, root, runner.gpus, runner.gpu_bytes))
     sys.exit(0 if ok else 1)
 
 

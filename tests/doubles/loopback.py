@@ -33,7 +33,7 @@ import json
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,8 +83,11 @@ class Loopback:
         tool_script: list[ScriptedCall] = (),
         speculative_steps: int | None = None,
         prices: dict | None = None,
+        answer: Callable[[list[dict]], str] | None = None,
     ):
-        """`prices`: USD per million prompt and completion tokens an answer costs (None: $0.001 each)."""
+        """`prices`: USD per million prompt and completion tokens an answer costs (None: $0.001 each).
+        `answer`: the text `/chat/completions` answers a conversation's messages with (a model's own sampled
+        answer, as a provider serving that model returns it), in place of "Reply to: ..."."""
         self.model_path = model_path
         self.speculative_steps = speculative_steps
         self.tokenizer = tokenizer
@@ -100,6 +103,7 @@ class Loopback:
         self.in_flight = 0
         self.max_in_flight = 0
         self.prices = prices
+        self.answer = answer
         self.billed = 0.0  # what every answer cost, sent to a client still there or not
 
     def app(self) -> web.Application:
@@ -223,7 +227,7 @@ class Loopback:
         error = await self._admit(key)
         if error is not None:
             return error
-        content = f"Reply to: {last_user[:40]}"
+        content = self.answer(body["messages"]) if self.answer else f"Reply to: {last_user[:40]}"
         completion = len(content.split()) + 4
         finish = "length" if completion > body.get("max_tokens", 1 << 30) else "stop"
         call = None

@@ -1,10 +1,11 @@
-"""Compare SGLang with `hf` on a small model: hidden states layer by layer, and generated IDs.
+"""Compare SGLang with `hf` on one model: hidden states layer by layer, and generated IDs.
 
 `scripts/gpu_check.py` runs this on a GPU node under torchrun (and, in the tests, on a CPU). The
 two backends share nothing but the model's weights: transformers' hooks on one side, SGLang's
 EAGLE-3 capture on the other, so agreement means the sglang backend stores the layers the
 configuration names; a server's greedy `/generate` IDs are compared with transformers' greedy
-generation of the same prompts.
+generation of the same prompts. Both engines hold the model at once: a model two copies of which
+do not fit the GPUs is compared on its first layers (`model_slice.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 from eagle3_datagen.backends.batching import capture_in_batches
+from eagle3_datagen.diagnostics.model_slice import check_size, write_slice
 
 # bf16 kernels differ between libraries; a wrong layer or a shifted token has cosine far below.
 MIN_TOKEN_COSINE = 0.99
@@ -174,10 +176,13 @@ def run_gpu_check(
     launch_args: Sequence[str] | None = None,
     new_tokens: int = 32,
     trust_remote_code: bool = False,
-) -> tuple[bool, list[dict]]:
+    layers: int | None = None,
+) -> tuple[bool, dict]:
     """On every torchrun rank: capture with SGLang (both finals), then on rank 0 with `hf` and
     compare; then, with `url` (launching a server there when `launch_args` is given), compare the
-    server's greedy IDs with `hf`'s. Returns (everything agrees, records) on rank 0."""
+    server's greedy IDs with `hf`'s. `model_dir`'s first `layers` layers (default: sized to the GPUs'
+    memory, `model_slice.check_size`). Returns (everything agrees, {"checked": what was loaded,
+    "layers": per-layer records}) on rank 0."""
     import torch.distributed as dist
 
     from eagle3_datagen.backends.hf.capture import HFCapture
@@ -194,9 +199,17 @@ def run_gpu_check(
 
     rank, local_rank = join_torchrun(device)
     ranks = TensorParallelRanks()
-    if model_dir is None:
-        # Rank 0 builds the model; every rank loads it from rank 0's path.
-        model_dir = ranks.agree(str(write_check_model(Path(work_dir) / "check-model")) if ranks.writer else None)
+    checked = None
+    if ranks.writer:  # rank 0 builds the model or its slice; every rank loads it from rank 0's path
+        if model_dir is None:
+            model_dir = write_check_model(Path(work_dir) / "check-model")
+        gpu_bytes = None if device == "cpu" else node_gpu_bytes()
+        size = check_size(model_dir, gpu_bytes, layers)
+        if not size.whole:
+            model_dir = write_slice(model_dir, size.layers, Path(work_dir) / "slice")
+        checked = {"model": str(model_dir), "what": size.describe(), **asdict(size)}
+        print(f"checking {size.describe()}", flush=True)
+    model_dir = ranks.agree(str(model_dir) if ranks.writer else None)
     settings = {"dtype": dtype, "mem_fraction_static": 0.5}
     if device == "cpu":
         # The KV cache is capped by max_total_tokens: the fraction only has to leave SGLang's check of the
@@ -211,7 +224,7 @@ def run_gpu_check(
         for final in ("normed", "raw")
     }
     if not ranks.writer:
-        return True, []
+        return True, {}
     rows: list[LayerAgreement] = []
     hf_settings = {"dtype": dtype, "device": device}
     for final, states in ours.items():
@@ -234,4 +247,9 @@ def run_gpu_check(
         records.append({"layer": "generate", **asdict(generated), "ok": generated.ok})
         ok = ok and generated.ok
     print(table, flush=True)
-    return ok, records
+    return ok, {"checked": checked, "layers": records}
+
+
+def node_gpu_bytes() -> int:
+    """The memory of every GPU this process sees (under torchrun: the node's)."""
+    return sum(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))

@@ -8,7 +8,9 @@ node's services use); the smoke process itself never loads the model:
 
 1. **GPU check** (`scripts/gpu_check.py` under torchrun, one rank per GPU of `resources.gpus_per_node`, on
    the config's model: SGLang's capture at that tensor parallelism against transformers, layer by layer);
-   skipped without GPUs or without SGLang in the config.
+   both engines hold the model at once, so a model one copy of which is over 40% of the GPUs' memory
+   (Kimi-K2.5) is compared on its first 7 layers (`model_slice.py`), said in the plan with the bytes each
+   engine loads; skipped without GPUs or without SGLang in the config.
 2. **Workflow**: the real workflow through the user's profile on a smoke config made from theirs: one
    partition per backend (or those named), one shard of at most `prompts` prompts each, greedy decoding
    (every backend's sampling, so that the probe's 0.98 applies), no baseline twins, the capture runner
@@ -49,6 +51,7 @@ from typing import TextIO
 from eagle3_datagen.backends.plugins import CAPTURE, GENERATION
 from eagle3_datagen.backends.service import gpus
 from eagle3_datagen.config_schema import fill_defaults
+from eagle3_datagen.diagnostics.model_slice import CheckSize, check_size
 from eagle3_datagen.formats import sources
 from eagle3_datagen.formats.files import InputError, read_json, write_json
 from eagle3_datagen.formats.measured_rates import write_rates
@@ -103,10 +106,18 @@ def _load_seconds(week: dict, logs: Path, service: str) -> tuple[float, str]:
     return week["plan"]["load_seconds"][service], f"{service} load from plan.load_seconds"
 
 
-def planned_steps(smoke: dict, week: dict, root: Path, gpus: int) -> list[PlannedStep]:
+def gpu_check_size(config: dict, root: Path, gpu_bytes: int) -> CheckSize | None:
+    """What the GPU check loads of the config's model (paths from `root`) on GPUs of `gpu_bytes` in all;
+    None where the model is not built yet (a demo's)."""
+    model = root / config["model"]["path"]
+    return check_size(model, gpu_bytes) if (model / "config.json").exists() else None
+
+
+def planned_steps(smoke: dict, week: dict, root: Path, gpus: int, gpu_bytes: int) -> list[PlannedStep]:
     """The smoke run's steps with their model loads and estimated minutes, from the plan's rates and load
-    seconds for the week's model (`week`: the user's config; run from `root`): generation at most
-    `max_new_tokens` a prompt, capture at most `tokens.max_length` a prompt, upper bounds."""
+    seconds for the week's model (`week`: the user's config; run from `root`, on `gpus` GPUs of `gpu_bytes`
+    in all): generation at most `max_new_tokens` a prompt, capture at most `tokens.max_length` a prompt,
+    upper bounds; the GPU check's loads in proportion to the bytes it loads."""
     logs = root / "logs"
     week = {**week, "model": {**week["model"], "path": str(root / week["model"]["path"])}}  # as measurements names it
     rates = {k: v["tokens_per_s"] for k, v in plan_rates(week, logs).items()}
@@ -116,14 +127,19 @@ def planned_steps(smoke: dict, week: dict, root: Path, gpus: int) -> list[Planne
     steps = []
     tp = smoke["resources"]["gpus_per_node"]
     if gpus and _uses_sglang(smoke, partitions):
-        minutes = 2 * runner_s / 60
+        try:
+            size = gpu_check_size(smoke, root, gpu_bytes)
+            what = size.describe() if size else "the model, not built yet"
+        except ValueError as e:  # not even its slice fits: the step fails, the others go on
+            size, what = None, f"nothing: {e}"
+        share = size.bytes / size.checkpoint_bytes if size else 1.0
         steps.append(
             PlannedStep(
                 "GPU check",
-                f"torchrun, {tp} ranks: scripts/gpu_check.py",
+                f"torchrun, {tp} ranks: scripts/gpu_check.py on {what}",
                 [f"SGLang model runner (TP {tp})", "transformers"],
-                minutes,
-                f"2 x {runner_basis}",
+                2 * runner_s * share / 60,
+                f"2 x {share:.3g} x {runner_basis}",
             )
         )
     loads, seconds, basis, unknown = [], 0.0, [], []
@@ -280,15 +296,17 @@ class Smoke:
         self.root, self.work, self.config, self.profile, self.out = root, work, config, profile, out
         self.steps: list[Step] = []
         self.partitions = sorted(config["partitions"])
-        self.gpus = self._gpus()
+        found = self._gpus()
+        self.gpus = len(found)
+        self.gpu_bytes = sum(g.total_mib for g in found) * 2**20
 
-    def _gpus(self) -> int:
+    def _gpus(self) -> list[gpus.Gpu]:
         if shutil.which(gpus.NVIDIA_SMI) is None:
-            return 0
+            return []
         try:
-            return len(gpus.query_gpus())
+            return gpus.query_gpus()
         except gpus.ServiceError:
-            return 0
+            return []
 
     def step(self, name: str, run: Callable[[], tuple[str, str]]) -> bool:
         """Run one step: `run` returns (status, detail) or raises (a failure, its message the detail)."""
@@ -333,12 +351,16 @@ class Smoke:
             "--out",
             str(self.work / "gpu_check.json"),
         ]
+        size = gpu_check_size(self.config, self.work, self.gpu_bytes)
+        if size:  # the layers the plan announced
+            command += ["--layers", str(size.layers)]
         if self.config["model"]["trust_remote_code"]:
             command.append("--trust-remote-code")
         done = self.gpu_process("GPU check", command, "gpu_check.log")
+        what = size.describe() if size else "the whole model"
         return (
             "pass" if done == 0 else "fail",
-            f"SGLang against hf on {model} at TP {count}, layer by layer ({self.work / 'gpu_check.log'})",
+            f"SGLang against hf on {model} ({what}) at TP {count}, layer by layer ({self.work / 'gpu_check.log'})",
         )
 
     def workflow(self) -> tuple[str, str]:

@@ -77,16 +77,33 @@ class FinalNorm:
         return rms_norm(hidden, self.weight, self.eps).to(hidden.dtype)
 
 
+def safetensors_sizes(path: Path) -> dict[str, int]:
+    """Each tensor's bytes in a safetensors file, from its header alone (the file's first bytes)."""
+    with path.open("rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return {
+        name: end - start
+        for name, (start, end) in ((n, e["data_offsets"]) for n, e in header.items() if n != "__metadata__")
+    }
+
+
+def tensor_bytes(model_dir: str | Path) -> dict[str, int]:
+    """Tensor name -> its bytes in the checkpoint, read from the safetensors headers."""
+    files = tensor_files(model_dir)
+    sizes: dict[str, int] = {}
+    for path in sorted(set(files.values())):
+        sizes.update(safetensors_sizes(path))
+    return {name: sizes[name] for name in files}
+
+
 def write_safetensors_index(model_dir: str | Path) -> None:
     """`model.safetensors.index.json` for a checkpoint saved as one `model.safetensors`: loaders that
     locate tensors only through an index (SpecForge's target head) then read it as a sharded one."""
     model_dir = Path(model_dir)
     single = model_dir / "model.safetensors"
-    with single.open("rb") as f:
-        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-    tensors = {name: entry for name, entry in header.items() if name != "__metadata__"}
+    sizes = safetensors_sizes(single)
     index = {
-        "metadata": {"total_size": sum(end - start for start, end in (t["data_offsets"] for t in tensors.values()))},
-        "weight_map": dict.fromkeys(sorted(tensors), single.name),
+        "metadata": {"total_size": sum(sizes.values())},
+        "weight_map": dict.fromkeys(sorted(sizes), single.name),
     }
     (model_dir / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
