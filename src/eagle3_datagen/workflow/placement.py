@@ -19,6 +19,16 @@ def gpus_for(config: dict, stage: str, partition: str | None = None) -> int:
     return config["resources"]["gpus_per_node"] if uses_gpu(config, stage, partition) else 0
 
 
+def served_response_gpus(config: dict, shared: bool) -> int:
+    """GPUs a shard job of the launched SGLang server's partitions asks for. Where Snakemake runs on the
+    node and deals out its GPUs (`shared`), `inference.sglang.launch.shard_jobs` of them use the node's
+    server at once (the next shard's requests start while the last one's longest answers drain), so each
+    asks for that share of the node's GPUs, rounded up: together they fit the node's pool, and a capture
+    job (all of them) still waits until none runs. Else (a cluster job: its allocation) the whole node."""
+    gpus = config["resources"]["gpus_per_node"]
+    return -(-gpus // config["inference"]["sglang"]["launch"]["shard_jobs"]) if shared else gpus
+
+
 # What the GPU stages' jobs start on their node (their node service) and so launch themselves, a process
 # per GPU: the slurm plugin's name for such a job's launcher.
 LAUNCHERS = {"hidden_states": "torchrun", SERVED_RESPONSE_RULE: "sglang.launch_server"}
