@@ -218,7 +218,7 @@ def main() -> None:
     p.add_argument("--alpha", type=float, default=1.2, help="the answer lengths' Pareto tail index")
     p.add_argument("--min-tokens", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=512)
-    p.add_argument("--boundary-s", type=float, default=5.0, help="seconds either side of a shard's end")
+    p.add_argument("--boundary-s", type=float, default=30.0, help="seconds either side of a shard job's end")
     p.add_argument("--job", type=json.loads, help=argparse.SUPPRESS)  # run one shard job (this bench's own)
     args = p.parse_args()
     if args.job:
