@@ -218,6 +218,16 @@ def gpu_group(name, rule):
 
 GENERATION_GROUP = gpu_group("generation", SERVED_RESPONSE_RULE)
 CAPTURE_GROUP = gpu_group("capture", "hidden_states")
+
+
+# Where Snakemake runs on the node and deals out its GPUs (a `gpu` pool: profiles/gpu), a share of them; else
+# (a cluster job, a run without the pool) all. Resolved when the jobs are made, once the executor is known.
+def get_served_response_gpus(wildcards):
+    pooled = "gpu" in (workflow.resource_settings.resources or {})
+    local = not (workflow.non_local_exec or workflow.remote_exec)
+    return placement.served_response_gpus(config, shared=pooled and local)
+
+
 # What the heavy rules' cluster jobs ask for, their partition, QoS and account included.
 JOB_RESOURCES = {
     "hidden_states": placement.cluster_job(config, "hidden_states", HIDDEN_GPUS),

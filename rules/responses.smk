@@ -51,4 +51,4 @@ use rule responses as responses_served with:
         GENERATION_GROUP
     resources:
         **JOB_RESOURCES[SERVED_RESPONSE_RULE],
-        gpu=config["resources"]["gpus_per_node"],
+        gpu=get_served_response_gpus,

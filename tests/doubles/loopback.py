@@ -13,14 +13,16 @@ tests/fixtures/provider_errors.yaml: its status, Retry-After and body, or its st
 `answers_once` on the first attempt only (`"cut"`: a stream that stops mid-answer). A request with `stream:
 true` is answered as OpenRouter streams (SSE: a keep-alive comment, the deltas `chunk_delay_s` apart, the
 finish, a last chunk with the usage, `[DONE]`). The server counts requests in flight (`max_in_flight`, in
-/stats) and the answers given per request content (`completed`). A tool script makes the stand-in model call
-tools: after a user turn that contains a script entry's `trigger`, `/generate` emits that call in the
-template's own tool-call markers and `/chat/completions` returns it in `message.tool_calls`; once a call
-follows the trigger it answers in text. `/generate` closes a think block its prompt opens. Runnable as a
-server (`python -m tests.doubles.loopback --help`), also in the place of `sglang.launch_server`; started with
-`--speculative-algorithm EAGLE3` (and `--speculative-num-steps N`), `/generate` also reports the figures
-SGLang's EAGLE3 does (`spec_verify_ct`: a verify step per N + 1 tokens; `spec_accept_length`), so that a
-client of EAGLE3 serving runs where SGLang's EAGLE3 cannot (no GPU).
+/stats) and the answers given per request content (`completed`), and lists `/generate`'s prompts in the order
+answered (`generated`); `slow` gives the prompts that hold a substring a latency of their own, cut short once
+the file `release` names exists. A tool script makes the stand-in model call tools: after a user turn that
+contains a script entry's `trigger`, `/generate` emits that call in the template's own tool-call markers and
+`/chat/completions` returns it in `message.tool_calls`; once a call follows the trigger it answers in text.
+`/generate` closes a think block its prompt opens. Runnable as a server (`python -m tests.doubles.loopback
+--help`), also in the place of `sglang.launch_server`; started with `--speculative-algorithm EAGLE3` (and
+`--speculative-num-steps N`), `/generate` also reports the figures SGLang's EAGLE3 does (`spec_verify_ct`: a
+verify step per N + 1 tokens; `spec_accept_length`), so that a client of EAGLE3 serving runs where SGLang's
+EAGLE3 cannot (no GPU).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class FaultPlan:
     sequence: list = field(default_factory=list)
     retry_after: float | None = None
     latency_s: float = 0.0
+    slow: dict = field(default_factory=dict)  # prompt substring -> seconds its /generate answer takes instead
+    release: str | None = None  # a file whose creation ends the `slow` answers' wait early
     credits: int | None = None  # completions before 402
     reject: list = field(default_factory=list)  # substrings of user content answered 400
     rate: float = 0.0  # the share of requests (by content) that get `sequence`'s faults
@@ -128,8 +132,12 @@ class Loopback:
                 "completed": dict(self.completed),
                 "status": dict(self.status_counts),
                 "max_in_flight": self.max_in_flight,
+                "generated": self.generate_prompts,  # /generate's prompts, in the order they were answered
             }
         )
+
+    def _released(self) -> bool:
+        return self.faults.release is not None and os.path.exists(self.faults.release)
 
     def _fault(self, key: str) -> object | None:
         attempt = self.attempts[key]
@@ -154,12 +162,16 @@ class Loopback:
         body = {"error": {"code": fault, "message": f"injected {fault}"}}
         return web.json_response(body, status=int(fault), headers=headers)
 
-    async def _admit(self, key: str) -> web.Response | None:
+    async def _admit(self, key: str, latency_s: float | None = None) -> web.Response | None:
         self.attempts[key] += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            if self.faults.latency_s:
+            if latency_s is not None:
+                deadline = asyncio.get_running_loop().time() + latency_s
+                while asyncio.get_running_loop().time() < deadline and not self._released():
+                    await asyncio.sleep(0.05)
+            elif self.faults.latency_s:
                 await asyncio.sleep(self.faults.latency_s)
         finally:
             self.in_flight -= 1
@@ -170,12 +182,12 @@ class Loopback:
         body = await request.json()
         ids = body["input_ids"]
         key = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
-        error = await self._admit(key)
+        prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
+        error = await self._admit(key, next((s for text, s in self.faults.slow.items() if text in prompt), None))
         if error is not None:
             return error
         params = body.get("sampling_params") or {}
         eot = (params.get("stop_token_ids") or [0])[0]
-        prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
         self.generate_prompts.append(prompt)
         answer = "Considering it.</think>" if prompt.endswith("<think>") else ""
         call = self._scripted_call(prompt, lambda trigger_at: self.markers.section_begin in prompt[trigger_at:])

@@ -23,6 +23,7 @@ from eagle3_datagen.backends.ledger import (
     clear_stop,
     endpoint_key,
     fair_shares,
+    oldest_first_shares,
 )
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.spend import Spend
@@ -40,6 +41,28 @@ def test_fair_shares_split_evenly_and_give_what_a_job_does_not_want_to_the_other
     assert fair_shares(40, {"a": 3, "b": 100, "c": 100}) == {"a": 3, "b": 19, "c": 18}
     assert fair_shares(2000, {"a": 2000} | {f"j{i:02d}": 2000 for i in range(31)})["a"] == 63
     assert fair_shares(10, {"a": 0, "b": 2}) == {"a": 0, "b": 2}
+
+
+def test_oldest_first_shares_give_the_first_job_its_want_and_the_next_what_its_tail_leaves():
+    # a node's server (288 slots): the shard under way takes all it wants, the next one waits ...
+    assert oldest_first_shares(288, {"b": 288, "a": 288}, {"a": 1, "b": 2}) == {"a": 288, "b": 0}
+    # ... and takes what the first one's tail of long answers leaves
+    assert oldest_first_shares(288, {"b": 288, "a": 17}, {"a": 1, "b": 2}) == {"a": 17, "b": 271}
+    assert oldest_first_shares(8, {"a": 3, "b": 4, "c": 8}, {"a": 5, "b": 6, "c": 7}) == {"a": 3, "b": 4, "c": 1}
+
+
+def test_a_servers_jobs_share_it_oldest_first_and_never_claim_more_than_it_has(tmp_path):
+    """Two jobs of one process stand in for two processes: a ledger's place is its own `me`."""
+    first = Ledger(tmp_path, "sglang", "m", "results/p/responses/00000.jsonl.zst", 8, tmp_path, oldest_first=True)
+    second = Ledger(tmp_path, "sglang", "m", "results/p/responses/00001.jsonl.zst", 8, tmp_path, oldest_first=True)
+    second.me = second.me + ":second"
+    assert first.sync(0, 40, Spend(), 0.0).limit == 8
+    assert second.sync(0, 40, Spend(), 0.0).limit == 0  # the first one's 8 are claimed
+    assert first.sync(8, 8, Spend(), 0.5).limit == 8  # every conversation started: the tail
+    assert first.sync(3, 3, Spend(), 1.0).limit == 3  # 5 long answers ended, 3 still run
+    assert second.sync(0, 40, Spend(), 1.0).limit == 5
+    first.leave(Spend())
+    assert second.sync(5, 40, Spend(), 1.5).limit == 8
 
 
 def error(code: int, message: str, **metadata) -> dict:

@@ -362,7 +362,10 @@ def test_production_configs_dry_run_under_profiles(production_dir, profile, conf
     if "sglang" in config:  # the config launches the server: one job per shard, sharing the node's server
         assert sum(r == "responses_served" for r, _ in jobs) == 32
         responses = blocks["responses_served"]
-        assert re.search(r"\bgpu=8\b", responses) and "slurm_partition=gpu" in responses
+        # On the node (the gpu profile's pool of 8) two shard jobs use the server at once
+        # (launch.shard_jobs: 2), half the GPUs each; under SLURM a job is its whole node.
+        gpus = 8 if "slurm" in profile else 4
+        assert re.search(rf"\bgpu={gpus}\b", responses) and "slurm_partition=gpu" in responses
         assert re.search(r"\bmem_mb=512000\b", responses)
     else:
         assert sum(r == "responses" for r, _ in jobs) == 32

@@ -23,7 +23,10 @@ A job's claim only ever grows into what the live jobs' claims leave free, so the
 to more than the endpoint's concurrency, and a job never has more conversations in flight than it
 claims. Each job aims at its fair share: the concurrency divided evenly among the live jobs (a job
 that wants less, near its end, takes its want and leaves the rest to the others); above it, a job
-starts nothing until its conversations in flight fall back. A job that ended normally removes
+starts nothing until its conversations in flight fall back. The jobs of one node's launched server
+share it oldest first instead (`oldest_first`): the job that joined first takes what it wants, the
+next what is left, so a shard runs at the server's full batch and the next one fills only what the
+last one's long answers leave, and is under way when it ends. A job that ended normally removes
 itself; one killed (kill -9, a lost node) is removed by the next job that looks: on its own host
 when its pid is gone (or now belongs to another process), on another host when its heartbeat has
 not moved for `STALE_S` seconds of the looker's own clock (no clocks are compared).
@@ -117,6 +120,15 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
+def oldest_first_shares(concurrency: int, wants: dict[str, int], joined: dict[str, int]) -> dict[str, int]:
+    """`concurrency` given to the jobs in the order they `joined`, each its want while any is left."""
+    shares, left = {}, concurrency
+    for job in sorted(wants, key=lambda j: (joined[j], j)):
+        shares[job] = min(wants[job], left)
+        left -= shares[job]
+    return shares
+
+
 def fair_shares(concurrency: int, wants: dict[str, int]) -> dict[str, int]:
     """`concurrency` split among jobs by their wants: even shares, a job that wants less takes its want
     and the rest goes to the others; what does not divide goes to the first jobs by id."""
@@ -149,17 +161,20 @@ class Ledger:
         shard: str,
         concurrency: int | None,
         results: str | Path | None = None,
+        oldest_first: bool = False,
     ):
         """`directory`: the run's ledgers (inference.ledger_dir); `shard`: this job's output path;
         `concurrency`: the endpoint's, shared among its jobs (None: only the budget and the stop are
         shared); `results`: the folder whose journals and stats a new ledger counts the spend of (None:
-        the directory's parent, results/ for results/.ledger)."""
+        the directory's parent, results/ for results/.ledger); `oldest_first`: the concurrency goes to the
+        jobs in the order they joined, not in even shares."""
         self.root = Path(directory)
         self.results = Path(results) if results is not None else self.root.parent
         self.path = self.root / endpoint_key(backend, model) / "ledger.json"
         self.backend, self.model = backend, model
         self.shard = os.path.normpath(shard)
         self.concurrency = concurrency
+        self.oldest_first = oldest_first
         self.host = _host()
         self.me = f"{self.host}:{os.getpid()}:{_start_time(os.getpid())}"
         self._seen: dict[str, tuple[int, float]] = {}  # other hosts' jobs: (heartbeat, when it last moved)
@@ -300,13 +315,20 @@ class Ledger:
                 for shard in [s for s in shards if s not in live_shards and not _recorded(s)]:
                     del shards[shard]
             self._beat += 1
+            if self.me not in jobs:  # joins: the order `oldest_first` goes by
+                state["joined"] = state.get("joined", 0) + 1
             mine = jobs.get(self.me) or {"claim": 0}
+            joined_as = mine.get("joined", state.get("joined", 0))
             claim = limit = None
             if self.concurrency is not None:
                 others = sum(job["claim"] for job_id, job in jobs.items() if job_id != self.me)
                 wants = {job_id: job["want"] for job_id, job in jobs.items() if job_id != self.me}
                 wants[self.me] = min(wanted, self.concurrency)
-                fair = fair_shares(self.concurrency, wants)[self.me]
+                if self.oldest_first:
+                    joined = {job_id: job.get("joined", 0) for job_id, job in jobs.items()} | {self.me: joined_as}
+                    fair = oldest_first_shares(self.concurrency, wants, joined)[self.me]
+                else:
+                    fair = fair_shares(self.concurrency, wants)[self.me]
                 limit = max(0, min(fair, self.concurrency - others))
                 claim = max(in_flight, limit)
             jobs[self.me] = {
@@ -317,6 +339,7 @@ class Ledger:
                 "beat": self._beat,
                 "want": min(wanted, self.concurrency or wanted),
                 "claim": claim if claim is not None else mine["claim"],
+                "joined": joined_as,
                 "reserved": reserved.as_dict(),
             }
             shards[self.shard] = spent.as_dict()

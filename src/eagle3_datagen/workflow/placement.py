@@ -29,6 +29,17 @@ def launcher(config: dict, rule: str) -> str | None:
     return "torchrun"
 
 
+def served_response_gpus(config: dict, shared: bool) -> int:
+    """GPUs a shard job of a launched server's partitions asks for. Where Snakemake runs on the node and deals
+    out its GPUs (`shared`), the launched backend's `launch.shard_jobs` of them use the node's server at once
+    (the next shard's requests start while the last one's longest answers drain), so each asks for that share
+    of the node's GPUs, rounded up: together they fit the node's pool, and a capture job (all of them) still
+    waits until none runs. Else (a cluster job: its allocation), or with no launched server, the whole node."""
+    gpus = config["resources"]["gpus_per_node"]
+    jobs = [GENERATION[name].settings(config)["launch"]["shard_jobs"] for name in launched_backends(config)]
+    return -(-gpus // min(jobs)) if shared and jobs else gpus
+
+
 def slurm_resources(config: dict, gpus: int) -> dict:
     """Where a job goes under SLURM (`resources.slurm`): a job that asks for GPUs to the GPU partition and its
     QoS, any other to the CPU one's, both under the account; as the slurm executor plugin's resources

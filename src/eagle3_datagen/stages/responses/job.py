@@ -43,6 +43,17 @@ def ledger_for(settings: dict, backend, out: str) -> Ledger | None:
     return None
 
 
+def server_share(lease, backend, out: str) -> Ledger | None:
+    """The concurrency of the node's launched server, shared by the shard jobs that use it at once
+    (the launched backend's `launch.shard_jobs`): a ledger in the node's own directory, oldest job first, so a
+    shard runs at the server's full batch and its tail of long answers leaves the rest to the next shard.
+    None without a launched server (its concurrency is the job's own)."""
+    if lease is None:
+        return None
+    clients = lease.directory / "clients"
+    return Ledger(clients, backend.name, backend.model, out, backend.concurrency, lease.directory, oldest_first=True)
+
+
 def run_response_job(
     shards: list[tuple[str, str, str]], settings: dict, server_log: str | None = None, run_settings: dict | None = None
 ) -> None:
@@ -81,6 +92,7 @@ def run_response_job(
                                 provenance=provenance,
                                 ledger=ledger_for(settings, backend, out),
                                 max_failed_rate=settings["max_failed_rate"],
+                                share=server_share(lease, backend, out),
                             )
                         log.info("%s: %s", out, {k: result[k] for k in ("prompts", "status", "failures", "usage")})
                         pending.pop(0)

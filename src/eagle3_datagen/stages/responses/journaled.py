@@ -6,7 +6,8 @@ finished row (success or failure with its reason) is appended to the journal at 
 backend with `LockstepGroups` (`hf`) runs its fixed groups one at a time instead, and a group's
 rows are journaled when the group is done, so a rerun batches what is left as an uninterrupted
 run did. A conversation (or group) starts only with a slot of the job's share of the endpoint's
-concurrency and while the budget lasts (`limits.Limits`: the run's, with the workflow's ledger), so
+concurrency (a launched server's: its node's) and while the budget lasts (`limits.Limits`: the run's,
+with the workflow's ledger), so
 in-flight ones finish and nothing is half-written. The final output is written only when every
 prompt is in the journal, in prompt order, and no more of them failed than `max_failed_rate`
 allows; otherwise the job stops with what is done, what failed and why, and a rerun continues from
@@ -231,10 +232,12 @@ def run_journaled_responses(
     provenance: dict | None = None,
     ledger: Ledger | None = None,
     max_failed_rate: float | None = None,
+    share: Ledger | None = None,
 ) -> dict:
     """`provenance`: how the job ran (settings that change float bits, not meaning), kept in the stats;
     `ledger`: the endpoint's run-wide limits (None: the job's own); `max_failed_rate`: the share of the
-    shard's prompts that may fail (None: any)."""
+    shard's prompts that may fail (None: any); `share`: the node's server's concurrency, shared with the
+    other jobs that use it at once (None: the ledger's, else the job's own)."""
     prompts = read_jsonl(prompts_path)
     fingerprint = backend.fingerprint()
     journal = Journal(
@@ -243,7 +246,7 @@ def run_journaled_responses(
         lambda old: answers_still_valid(backend, fingerprint, old),
     )
     resumed, started = set(journal.rows), time.monotonic()
-    limits = Limits(budgets, backend.concurrency, journal.spent, ledger)
+    limits = Limits(budgets, backend.concurrency, journal.spent, ledger, share)
     try:
         with _collecting_young_every(YOUNG_COLLECTION_EVERY):
             stopped = asyncio.run(regenerate_journaled(prompts, backend, journal, limits, progress_interval))

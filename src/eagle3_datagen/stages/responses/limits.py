@@ -11,6 +11,11 @@ spend never passes the budget by more than the reservations' error. A request wh
 not fit waits while anything is reserved (answers usually cost less than their worst case); with
 nothing reserved anywhere, the budget is reached. Without a ledger (a shard answered outside the
 workflow) they are the job's own.
+
+The slots of the jobs on a node's launched SGLang server are that server's (`share`): a ledger in the
+node's own directory, shared oldest job first by the shard jobs that use the server at once
+(`inference.sglang.launch.shard_jobs`), so a shard near its end holds only what its long answers still
+run and the next shard's conversations fill the rest of the server's batch.
 """
 
 from __future__ import annotations
@@ -75,12 +80,22 @@ class Limits:
     """Slots for conversations (`acquire`/`release`), the budget's reservations (`reserve`/`settle`) and the
     stop, for one job's event loop."""
 
-    def __init__(self, budgets: Budgets, concurrency: int, spent_before: Spend, ledger: Ledger | None = None):
-        """`concurrency`: the job's own limit (the endpoint's, when the ledger shares it); `spent_before`:
-        what the shard's journal already records (every turn it paid for)."""
+    def __init__(
+        self,
+        budgets: Budgets,
+        concurrency: int,
+        spent_before: Spend,
+        ledger: Ledger | None = None,
+        share: Ledger | None = None,
+    ):
+        """`concurrency`: the job's own limit (the endpoint's, when a ledger shares it); `spent_before`:
+        what the shard's journal already records (every turn it paid for); `share`: the ledger that shares
+        the concurrency where it is not `ledger` (the node's server's, for its jobs at once)."""
         self.budgets = budgets
         self.ledger = ledger
-        self.limit = concurrency if ledger is None or ledger.concurrency is None else 0
+        endpoint_shared = ledger is not None and ledger.concurrency is not None
+        self.share = share if share is not None else (ledger if endpoint_shared else None)
+        self.limit = concurrency if self.share is None else 0
         self.in_flight = 0
         self.left = 0  # conversations not started yet (the driver sets it)
         self.spent = spent_before  # this shard's whole spend
@@ -98,7 +113,7 @@ class Limits:
         self._seen_jobs = 0
 
     async def __aenter__(self) -> Limits:
-        if self.ledger is not None:
+        if self.ledger is not None or self.share is not None:
             await self._sync()
             self._ticker = asyncio.create_task(self._tick())
         return self
@@ -107,7 +122,10 @@ class Limits:
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
-            await asyncio.to_thread(self.ledger.leave, self.spent)
+            if self.ledger is not None:
+                await asyncio.to_thread(self.ledger.leave, self.spent)
+            if self.share is not None and self.share is not self.ledger:
+                await asyncio.to_thread(self.share.leave, Spend())
 
     # -- the ledger --------------------------------------------------------------------------------
 
@@ -118,27 +136,34 @@ class Limits:
 
     async def _sync(self) -> None:
         async with self._ledger_lock:
-            spent, now = self.spent, time.monotonic()
-            seen = await asyncio.to_thread(
-                self.ledger.sync, self.in_flight, self.in_flight + self.left, spent, now, self._first, self.reserved
-            )
-            if self._first:
-                self.spent = spent = seen.own  # with what a killed job of the shard paid but never journaled
+            spent, now, seen, shared = self.spent, time.monotonic(), None, None
+            if self.ledger is not None:
+                seen = await asyncio.to_thread(
+                    self.ledger.sync, self.in_flight, self.in_flight + self.left, spent, now, self._first, self.reserved
+                )
+                if self._first:
+                    self.spent = spent = seen.own  # with what a killed job of the shard paid but never journaled
+                self._seen, self._seen_own = seen, spent
+            if self.share is not None:
+                # the server's ledger holds no spend: the run's is `ledger`'s
+                shared = seen if self.share is self.ledger else await asyncio.to_thread(
+                    self.share.sync, self.in_flight, self.in_flight + self.left, Spend(), now
+                )  # fmt: skip
             self._first = False
-            self._seen, self._seen_own = seen, spent
-        if seen.stop and not self.stopped:
+        if seen is not None and seen.stop and not self.stopped:
             self._stop(f"the run was stopped: {seen.stop}")
-        if seen.limit is not None:
-            if (seen.limit, seen.jobs) != (self.limit, self._seen_jobs):
+        if shared is not None:
+            if (shared.limit, shared.jobs) != (self.limit, self._seen_jobs):
                 log.info(
-                    "share of the endpoint's concurrency: %d of %d, %d jobs (%d conversations in flight, %d left)",
-                    seen.limit,
-                    self.ledger.concurrency,
-                    seen.jobs,
+                    "share of the %s's concurrency: %d of %d, %d jobs (%d conversations in flight, %d left)",
+                    "endpoint" if self.share is self.ledger else "node's server",
+                    shared.limit,
+                    self.share.concurrency,
+                    shared.jobs,
                     self.in_flight,
                     self.left,
                 )
-            self.limit, self._seen_jobs = seen.limit, seen.jobs
+            self.limit, self._seen_jobs = shared.limit, shared.jobs
             self._wake()
 
     def total(self) -> Spend:
