@@ -85,8 +85,13 @@ def test_the_plan_counts_the_evaluations_training_steps_decoded_tokens_and_node_
     assert evaluation["decoded_tokens"] == 2 * (64 + 64) * 256  # each partition's draft, then the joint one
     hours = evaluation["training_tokens"] / 20000 / 3600 + evaluation["decoded_tokens"] / 8000 / 3600
     assert evaluation["node_hours"] == pytest.approx(hours)
+    assert evaluation["curve_drafts"] == 0 and evaluation["device"] == "CPU"
     config["evaluate"]["baseline"] = "original"
     assert plan_evaluation(config, rows)["drafts"] == 6
+    # the data curve at 1/4 and 1/2 (1 is the whole's draft): two more sizes, each as many drafts and steps
+    curve = plan_evaluation({**config, "evaluate": {**config["evaluate"], "fractions": [0.25, 0.5, 1.0]}}, rows)
+    assert curve["drafts"] == 18 and curve["curve_drafts"] == 12 and curve["training_steps"] == 18 * 2000
+    assert curve["training_tokens"] == round(2000 * 4 * (2000 + 1000 + 2_500_000 / 1500) * 2 * 3)
     nothing = dict.fromkeys(("prompts", "prompt_tokens", "completion_tokens", "cost_usd", "hidden_bytes"))
     nothing.update(generation_node_hours=None, hidden_node_hours=None)
     plan = {
@@ -97,7 +102,7 @@ def test_the_plan_counts_the_evaluations_training_steps_decoded_tokens_and_node_
         "filesystems": [],
         "recapture": [],
     }
-    assert "| evaluate | 3 | 6,000 |" in format_plan(plan)
+    assert "| evaluate | 3 (0) | 6,000 |" in format_plan(plan)
 
 
 def test_the_gpu_paths_launch_flags_and_acceptance_from_sglangs_meta_info():
