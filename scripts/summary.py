@@ -4,10 +4,9 @@ evaluation's acceptance lengths where the workflow measured them and the data cu
 its fits in --curves-out (JSON), and one line per curve on the console."""
 
 import json
-
-from eagle3_datagen import cli
 from pathlib import Path
 
+from eagle3_datagen import cli
 from eagle3_datagen.formats.files import atomic_path, read_json, write_json
 from eagle3_datagen.reporting.report import data_curves, shared_prompts, summary_html
 

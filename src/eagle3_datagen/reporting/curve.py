@@ -203,7 +203,8 @@ def curve_line(name: str, curve: dict, prices: Sequence[dict], baseline: dict | 
 
 def price_words(price: dict) -> str:
     """A `data_price` in words: its samples, dollars, node-hours and bytes."""
-    return f"{price['samples']} more samples: {_money(price['usd'])}, {_hours(price['node_hours'])}, {_bytes(price['bytes'])}"
+    money, hours = _money(price["usd"]), _hours(price["node_hours"])
+    return f"{price['samples']} more samples: {money}, {hours}, {_bytes(price['bytes'])}"
 
 
 def _money(value: float | None) -> str:
