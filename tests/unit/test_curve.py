@@ -13,6 +13,7 @@ from eagle3_datagen.reporting.curve import (
     per_sample_price,
     points_of,
     slope_difference,
+    verdict_words,
 )
 from eagle3_datagen.stages.evaluate.measure import nested_subset, training_data
 
@@ -93,6 +94,10 @@ def test_the_price_of_more_data_is_the_plans_per_prompt_or_what_the_run_measured
         "last step (8 to 16) +0.500 per doubling [+0.500, +0.500]; "
         "2x: 3.000 [2.850, 3.100] for 16 more samples: $1.60, 0.16 node-h, 152.59 MiB; "
         "4x: 3.500 [3.350, 3.600] for 48 more samples: $4.80, 0.48 node-h, 457.76 MiB"
+    )
+    assert verdict_words(fit, [data_price(16, k, per_sample) for k in (2, 4)]) == (
+        "+0.500 per doubling of the samples [+0.500, +0.500]; at 2x: 3.000 [2.850, 3.100] for "
+        "16 more samples: $1.60, 0.16 node-h, 152.59 MiB"
     )
 
 

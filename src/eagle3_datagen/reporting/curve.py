@@ -201,6 +201,17 @@ def curve_line(name: str, curve: dict, prices: Sequence[dict], baseline: dict | 
     return "; ".join(parts)
 
 
+def verdict_words(curve: dict, prices: Sequence[dict]) -> str:
+    """The curve in a few words (the report's verdict): the gain per doubling and what 2x the data gives."""
+    low, high = curve["gain_per_doubling_interval_95"]
+    ahead, price = curve["extrapolated"][0], prices[0]
+    return (
+        f"{curve['gain_per_doubling']:+.3f} per doubling of the samples [{low:+.3f}, {high:+.3f}]; at 2x: "
+        f"{ahead['acceptance_length']:.3f} [{ahead['interval_95'][0]:.3f}, {ahead['interval_95'][1]:.3f}] for "
+        f"{price_words(price)}"
+    )
+
+
 def price_words(price: dict) -> str:
     """A `data_price` in words: its samples, dollars, node-hours and bytes."""
     money, hours = _money(price["usd"]), _hours(price["node_hours"])

@@ -245,7 +245,7 @@ def verdict(summary: dict, evaluation: dict | None, curve: dict | None) -> dict:
         or "none",
         "aligned": "; ".join(aligned) or "not probed",
         "acceptance": acceptance,
-        "curve": curve["line"] if curve else None,
+        "curve": curve["brief"] if curve else None,
         "cost": ", ".join(spent),
     }
 
@@ -298,6 +298,7 @@ def data_curves(
                 "prices": prices,
                 "price_basis": per_sample["basis"],
                 "line": curve.curve_line(name, fit, prices, baseline),
+                "brief": curve.verdict_words(fit, prices),
             }
         )
     return out
