@@ -103,14 +103,15 @@ tiny-kimi: install specforge-env ## the whole workflow on CPU with Kimi-K2.5's a
 
 # tests/slurm/test_slurm.py's single-node cluster: Debian's SLURM, its accounting daemon on a private MariaDB,
 # munge. Installed with apt as root; elsewhere `make test` stops here, before any test, saying why.
-SLURM_DAEMONS := slurmctld slurmd slurmdbd munged mariadbd
-slurm-packages: ## install the SLURM test cluster's Debian packages (as root)
+# And Debian's chromium, the real headless browser tests/unit/test_report_browser.py lays the report out in.
+SLURM_DAEMONS := slurmctld slurmd slurmdbd munged mariadbd chromium
+slurm-packages: ## install the SLURM test cluster's and the report test's Debian packages (as root)
 	@missing=$$(for d in $(SLURM_DAEMONS); do PATH="$$PATH:/usr/sbin" command -v $$d >/dev/null || echo $$d; done); \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
-		echo "make test: the SLURM tests need $$missing (Debian: slurm-wlm munge slurmdbd mariadb-server)," \
-			"installed with apt-get as root; run make test as root, or install them first." >&2; exit 1; fi; \
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge slurmdbd mariadb-server >/dev/null
+		echo "make test: the SLURM and report tests need $$missing (Debian: slurm-wlm munge slurmdbd mariadb-server" \
+			"chromium), installed with apt-get as root; run make test as root, or install them first." >&2; exit 1; fi; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge slurmdbd mariadb-server chromium >/dev/null
 
 # Every tier but the end-to-end runs, the SLURM cluster, SGLang, the trainers and the families' runs: under
 # 5 minutes. Two workers: the node-service and runner tests spend much of their time waiting on other processes.

@@ -54,7 +54,7 @@ def get_final_output():
         p=PARTITIONS,
         f=config["export"]["formats"],
     )
-    return outputs + EVALUATE_OUTPUTS + RELEASED
+    return outputs + EVALUATE_OUTPUTS + CURVE_OUTPUTS + RELEASED
 
 
 def get_model_path(wildcards, input):
@@ -266,6 +266,13 @@ EVALUATE_OUTPUTS = (
     if "evaluate" in config
     else []
 )
+# The data curve's points below the whole (evaluate.fractions): a draft each, per partition and over all.
+CURVE_FRACTIONS = wf.curve_fractions(config)
+CURVE_OUTPUTS = [
+    path.replace("acceptance.json", f"curve/{fraction}.json")
+    for path in EVALUATE_OUTPUTS
+    for fraction in CURVE_FRACTIONS
+]
 # Run-only settings reach the jobs through the environment, which Snakemake's rerun triggers never
 # compare (they compare params, the shell template, input paths and the software env) and which
 # .snakemake/ does not record. Every process that parses this file sets it, a cluster job's too (so

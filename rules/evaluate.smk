@@ -76,3 +76,56 @@ use rule evaluate as evaluate_all with:
         name="all",
         settings=wf.as_json(EVALUATE_SETTINGS),
         partitions=PARTITION_SET,
+
+
+# The data curve (evaluate.fractions): the same drafts trained on a nested fraction of the samples, measured on
+# the same held-out prompts with the same vocabulary; one job per point, so adding a fraction runs only it.
+rule evaluate_point:
+    input:
+        export="results/{partition}/export/specforge",
+        tokens=lambda wildcards: get_token_shards(wildcards.partition),
+        holdout="results/{partition}/evaluate/holdout.json",
+        baseline=get_baseline_exports,
+        vocab=get_evaluate_vocab,
+    output:
+        "results/{partition}/evaluate/curve/{fraction}.json",
+    log:
+        "logs/{partition}/evaluate/curve/{fraction}.log",
+    benchmark:
+        "benchmarks/{partition}/evaluate/curve/{fraction}.tsv"
+    wildcard_constraints:
+        fraction=r"0\.\d+",
+    conda:
+        "../envs/specforge.yaml"
+    resources:
+        **EVALUATE_SLURM,
+        gpu=EVALUATE_GPUS,
+    params:
+        name=lambda wildcards: wildcards.partition,
+        settings=wf.as_json(EVALUATE_SETTINGS),
+    shell:
+        logged(
+            f"${wf.SPECFORGE_PYTHON_ENV} scripts/evaluate.py --partition {{params.name}} "
+            "--export {input.export} --tokens {input.tokens} --holdout {input.holdout} "
+            "--baseline-export {input.baseline} --vocab {input.vocab} --settings {params.settings:q} "
+            "--fraction {wildcards.fraction} --out {output}"
+        )
+
+
+use rule evaluate_point as evaluate_point_all with:
+    input:
+        export=expand("results/{p}/export/specforge", p=PARTITIONS),
+        tokens=get_all_token_shards(),
+        holdout=get_all_holdouts(),
+        baseline=get_baseline_exports(None),
+        vocab=VOCAB_INPUT,
+    output:
+        "results/evaluate/curve/{fraction}.json",
+    log:
+        "logs/evaluate/curve/{fraction}.log",
+    benchmark:
+        "benchmarks/evaluate/curve/{fraction}.tsv"
+    params:
+        name="all",
+        settings=wf.as_json(EVALUATE_SETTINGS),
+        partitions=PARTITION_SET,

@@ -27,12 +27,16 @@ rule summary:
         prompt_shards=[s for p in PARTITIONS for s in get_prompt_outputs(p)],
         # the evaluation's figures (results/*/evaluate/acceptance.json), with an `evaluate` section
         acceptance=EVALUATE_OUTPUTS,
+        # the data curve's smaller drafts (evaluate.fractions)
+        curve=CURVE_OUTPUTS,
     output:
-        report(
+        page=report(
             "results/report/summary.html",
             caption="../report/summary.rst",
             category="Summary",
         ),
+        # each data curve's fit, its extrapolation and price (reporting/curve.py)
+        curves="results/report/curves.json",
     log:
         "logs/report/summary.log",
     benchmark:
@@ -45,8 +49,12 @@ rule summary:
         partitions=PARTITION_SET,
         # how many of the prompt shards, in order, are each partition's
         shard_counts=wf.as_json([[p, len(get_prompt_outputs(p))] for p in PARTITIONS]),
+        # read where it exists (scripts/plan.py writes it before a run): the price of more data
+        plan=preflight.PLAN_FILE,
     shell:
         logged(
             "python scripts/summary.py --summaries {input.summaries} --prompt-shards {input.prompt_shards} "
-            "--shard-counts {params.shard_counts:q} --evaluations {input.acceptance} --out {output}"
+            "--shard-counts {params.shard_counts:q} --evaluations {input.acceptance} "
+            "--curve-points {input.curve} --plan {params.plan} --out {output.page} --curves-out {output.curves}",
+            notes=True,
         )

@@ -6,7 +6,9 @@ baseline's export too and measure both on the same held-out samples. With `--voc
 that draft vocabulary rather than the one the export names (a partition's own: tests/workflow/test_workflow.py).
 
 Runs under SpecForge's venv (`make specforge-env`); the training on the CPU, or on one GPU with
-evaluate.device: cuda; the decoding on the CPU."""
+evaluate.device: cuda; the decoding on the CPU. With `--fraction` below 1, a point of the data curve: the
+drafts train on that nested fraction of the samples (the baseline's on the same prompts' samples), no draft
+is kept and no quick fail applies (a small fraction's draft may well fall below it)."""
 
 import logging
 import shutil
@@ -32,7 +34,10 @@ def main() -> None:
     p.add_argument(
         "--vocab", nargs="?", help="the draft vocabulary directory the drafts train with (default: the export's)"
     )
-    p.add_argument("--draft", required=True, help="directory to create: the trained draft's SpecForge checkpoint")
+    p.add_argument("--fraction", type=float, default=1.0, help="the share of the samples the drafts train on")
+    p.add_argument(
+        "--draft", help="directory to create: the trained draft's SpecForge checkpoint (none kept if left out)"
+    )
     p.add_argument("--out", required=True, help="the figures (JSON)")
     args = p.parse_args()
     cli.setup(args, "evaluate")
@@ -46,20 +51,33 @@ def main() -> None:
         work = Path(work)
         exports = [Path(e) for e in args.export]
         vocab = Path(args.vocab) if args.vocab else None
-        figures, draft = evaluate_partition(exports, held_out, work / "draft", settings, sys.stderr, vocab)
+        figures, draft = evaluate_partition(
+            exports, held_out, work / "draft", settings, sys.stderr, vocab, args.fraction
+        )
         figures.update(partition=args.partition, exports=args.export, vocab=args.vocab, held_out_prompts=len(ids))
         if args.baseline_export:
             baseline_exports = [Path(e) for e in args.baseline_export]
-            baseline, _ = evaluate_partition(baseline_exports, held_out, work / "baseline", settings, sys.stderr, vocab)
+            baseline, _ = evaluate_partition(
+                baseline_exports, held_out, work / "baseline", settings, sys.stderr, vocab, args.fraction
+            )
             # regenerated minus original, over the same held-out prompts (paired bootstrap)
             comparison = paired_comparison(
                 prompt_figures(figures["per_prompt"]), prompt_figures(baseline["per_prompt"]), seed=settings["seed"]
             )
             figures["baseline"] = {**baseline, **comparison, "exports": args.baseline_export}
-        with atomic_dir(args.draft) as tmp:
-            shutil.copytree(draft, tmp, dirs_exist_ok=True)
+        if args.draft:
+            with atomic_dir(args.draft) as tmp:
+                shutil.copytree(draft, tmp, dirs_exist_ok=True)
     write_json(out, figures)
-    log.info("%s: acceptance length %.3f %s", args.partition, figures["acceptance_length"], figures["interval_95"])
+    log.info(
+        "%s, %d samples: acceptance length %.3f %s",
+        args.partition,
+        figures["samples"],
+        figures["acceptance_length"],
+        figures["interval_95"],
+    )
+    if args.fraction < 1:
+        return
     check_acceptance(args.partition, figures["acceptance_length"], settings["min_acceptance_length"])
 
 

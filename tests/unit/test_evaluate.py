@@ -71,7 +71,7 @@ def row(partition: str, prompts: int, tokens: int) -> PartitionPlan:
     return PartitionPlan(partition, "sglang", prompts, prompts, tokens // 2, tokens // 2, "", None, None, None, 0, "")
 
 
-def test_the_plan_counts_the_evaluations_training_steps_decoded_tokens_and_node_hours():
+def test_the_plan_counts_the_evaluations_training_steps_decoded_tokens_and_node_hours(tmp_path):
     config = fill_defaults(yaml.safe_load((REPO / "config/kimi-k2.5-sglang.yaml").read_text()))
     rows = [row("B1_glaive", 1000, 2_000_000), row("B3_magicoder_evol", 500, 500_000)]
     assert plan_evaluation(config, rows) is None  # commented out in the production config
@@ -85,8 +85,23 @@ def test_the_plan_counts_the_evaluations_training_steps_decoded_tokens_and_node_
     assert evaluation["decoded_tokens"] == 2 * (64 + 64) * 256  # each partition's draft, then the joint one
     hours = evaluation["training_tokens"] / 20000 / 3600 + evaluation["decoded_tokens"] / 8000 / 3600
     assert evaluation["node_hours"] == pytest.approx(hours)
+    assert evaluation["curve_drafts"] == 0 and evaluation["device"] == "CPU"
     config["evaluate"]["baseline"] = "original"
     assert plan_evaluation(config, rows)["drafts"] == 6
+    # the data curve at 1/4 and 1/2 (1 is the whole's draft): two more sizes, each as many drafts and steps
+    curve = plan_evaluation({**config, "evaluate": {**config["evaluate"], "fractions": [0.25, 0.5, 1.0]}}, rows)
+    assert curve["drafts"] == 18 and curve["curve_drafts"] == 12 and curve["training_steps"] == 18 * 2000
+    assert curve["training_tokens"] == round(2000 * 4 * (2000 + 1000 + 2_500_000 / 1500) * 2 * 3)
+    assert curve["minutes"] is None  # no evaluate job ran here yet
+    # minutes per draft as the evaluate jobs here took (Snakemake's benchmarks; two drafts a job with the baseline)
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    for path, seconds in (("chat/evaluate/evaluate.tsv", 120.0), ("chat/evaluate/curve/0.5.tsv", 60.0)):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(header + f"{seconds}\t0:01:00\t1\t1\t1\t1\t0\t0\t50\t{seconds}\n")
+    timed = plan_evaluation(
+        {**config, "evaluate": {**config["evaluate"], "fractions": [0.5]}}, rows, benchmarks=tmp_path
+    )
+    assert timed["minutes_per_draft"] == pytest.approx(90 / 2 / 60) and timed["minutes"] == pytest.approx(12 * 0.75)
     nothing = dict.fromkeys(("prompts", "prompt_tokens", "completion_tokens", "cost_usd", "hidden_bytes"))
     nothing.update(generation_node_hours=None, hidden_node_hours=None)
     plan = {
@@ -97,7 +112,7 @@ def test_the_plan_counts_the_evaluations_training_steps_decoded_tokens_and_node_
         "filesystems": [],
         "recapture": [],
     }
-    assert "| evaluate | 3 | 6,000 |" in format_plan(plan)
+    assert "| evaluate | 3 (0) | 6,000 |" in format_plan(plan)
 
 
 def test_the_gpu_paths_launch_flags_and_acceptance_from_sglangs_meta_info():

@@ -69,7 +69,12 @@ def test_summary_page_shows_the_numbers_escapes_user_strings_and_shows_the_evalu
     shared = len({p["id"] for p in read_jsonl(shards[0])} & {p["id"] for p in read_jsonl(shards[1])})
     assert f"<tr><td>code&lt;1&gt; &amp; hermes</td><td>{shared}</td></tr>" in page
 
+    # the verdicts lead, the evaluation's plot and table next, every number last and folded away
+    assert page.index("<section class='verdict'><h2>code&lt;1&gt;</h2>") < page.index("<h2>Evaluation")
+    assert "<dd>1.842 [1.610, 2.050]; +0.342 [0.120, 0.570] over the original responses</dd>" in page
+    assert page.index("<details><summary><b>All numbers</b></summary>") > page.index("<h2>Length distributions")
     evaluation = page[page.index("<h2>Evaluation") :]
+    evaluation = evaluation[: evaluation.index("<h2>", 4)]
     assert (
         "<tr><td>code&lt;1&gt;</td><td>1.842</td><td>[1.610, 2.050]</td><td>2.125</td><td>4</td><td>57</td>"
         "<td>1.500</td><td>0.342</td><td>[0.120, 0.570]</td></tr>"
@@ -77,8 +82,11 @@ def test_summary_page_shows_the_numbers_escapes_user_strings_and_shows_the_evalu
         "<td>-</td><td>-</td><td>-</td></tr></table>"
     ) in evaluation
     assert "Measured by greedy chain &lt;speculative&gt; decoding." in evaluation
-    # three figures of the partitions, one of the evaluations (nothing probed: no probe figure)
+    # three figures of the partitions, one of the evaluations (nothing probed: no probe figure, no
+    # curve: one draft size); nothing priced: no empty API cost panel
     assert page.count("<img class='plot'") == 4
+    assert "<h2>Throughput and hidden-state bytes (no priced backend in this run)</h2>" in page
+    assert "API cost" not in page and "How much data is enough" not in page
     assert evaluation.count("src='data:image/png;base64,") == 1
 
 

@@ -88,7 +88,7 @@ def test_params_carry_no_run_only_setting_and_the_job_gets_both():
 
 
 # The rules each stage's change may schedule: the stage and what depends on it.
-EVALUATE = {"evaluate_vocab", "evaluate", "evaluate_all"}
+EVALUATE = {"evaluate_vocab", "evaluate", "evaluate_all", "evaluate_point", "evaluate_point_all"}
 AFTER = {
     "prompts": {"prompts", "responses", "tokens", "hidden_states", "probe", "export", "vocab_mapping"}
     | {"evaluate_holdout"}
@@ -377,6 +377,17 @@ def test_changing_an_output_key_schedules_its_stage_and_what_depends_on_it(cover
         assert twins == {f"{p}+original" for p in config["partitions"]}, jobs
         assert {r for r, p in jobs if p in twins} == {"responses", "tokens", "hidden_states", "export"}, jobs
         assert {r for r, p in jobs if p not in twins} <= EVALUATE | SUMMARIES, jobs
+        return
+    if key == "evaluate.fractions":
+        # each point of the data curve is a job of its own: a fraction left out reruns only the report,
+        # one added runs its points (a partition's and the mix's) and the report, no other draft
+        assert {r for r, _ in jobs} <= SUMMARIES, jobs
+        added = dry_run(work, with_change(config, key, [0.25, *value]))
+        points = sorted(p for r, p in added if r.startswith("evaluate_point"))
+        assert points == ["", *sorted(config["partitions"])] and {r for r, _ in added} - SUMMARIES == {
+            "evaluate_point",
+            "evaluate_point_all",
+        }, added
         return
     stage, partitions = scope(key)
     # one stage, two rules: the shard jobs of launched-server partitions are responses_served

@@ -223,6 +223,24 @@ def test_demo_holds_prompts_out_of_every_export_and_measures_a_draft_on_them(dem
     together = json.loads((demo_dir / "results/evaluate/acceptance.json").read_text())
     assert together["partition"] == "all" and sorted(p["id"] for p in together["per_prompt"]) == sorted(all_held_out)
     assert 1.0 <= together["acceptance_length"] <= steps + 1
+    # The data curve (evaluate.fractions: [0.5, 1.0]): each partition's draft and the mix's also on half the
+    # samples (at least a batch), decoded on the same held-out prompts; the fit in curves.json, the report
+    # and a line on the console.
+    curves = {c["partition"]: c for c in json.loads((demo_dir / "results/report/curves.json").read_text())}
+    assert sorted(curves) == sorted([*PARTITIONS, "all"])
+    console = (demo_dir / DEMO_CONSOLE).read_text()
+    for name, evaluate in [*((p, f"results/{p}/evaluate") for p in PARTITIONS), ("all", "results/evaluate")]:
+        whole = json.loads((demo_dir / evaluate / "acceptance.json").read_text())
+        half = json.loads((demo_dir / evaluate / "curve" / "0.5.json").read_text())
+        assert [p["id"] for p in half["per_prompt"]] == [p["id"] for p in whole["per_prompt"]]
+        assert half["fraction"] == 0.5 and half["samples"] == max(
+            settings.get("batch_size", 4), round(whole["samples"] / 2)
+        )
+        points = curves[name]["curve"]["points"]
+        assert [p["samples"] for p in points] == [half["samples"], whole["samples"]]
+        assert [p["acceptance_length"] for p in points] == [half["acceptance_length"], whole["acceptance_length"]]
+        assert curves[name]["line"] in console
+    assert "How much data is enough" in (demo_dir / "results/report/summary.html").read_text()
 
 
 def test_acceptance_below_the_minimum_fails_the_run_naming_it_and_keeps_the_data(demo_dir, tmp_path):

@@ -43,7 +43,7 @@ from eagle3_datagen.workflow.partitions import (
     served_by_launched_server,
     shard_names,
 )
-from eagle3_datagen.workflow.settings import sampling_for
+from eagle3_datagen.workflow.settings import curve_fractions, sampling_for
 
 
 class ScheduledJob(NamedTuple):
@@ -248,14 +248,29 @@ def plan_partition(
     )
 
 
-def plan_evaluation(config: dict, rows: list[PartitionPlan], rates: dict | None = None) -> dict | None:
+def measured_draft_minutes(benchmarks: Path, copies: int) -> float | None:
+    """Minutes per draft in earlier evaluate jobs here (their Snakemake benchmarks: each job trains and
+    decodes `copies` drafts), None before any ran."""
+    seconds = [
+        float(line.split("\t")[0])
+        for tsv in [*benchmarks.glob("**/evaluate/evaluate.tsv"), *benchmarks.glob("**/evaluate/curve/*.tsv")]
+        for line in tsv.read_text().splitlines()[1:2]
+    ]
+    return sum(seconds) / len(seconds) / copies / 60 if seconds else None
+
+
+def plan_evaluation(
+    config: dict, rows: list[PartitionPlan], rates: dict | None = None, benchmarks: str | Path = "benchmarks"
+) -> dict | None:
     """The evaluate stage's cost for the planned partitions (None without the stage): a draft per
-    partition and one on all of them together (twice each with `evaluate.baseline: original`),
-    `evaluate.steps` SpecForge steps of `batch_size` samples each (a sample's tokens: the partition's
-    mean), and up to `max_new_tokens` decoded per held-out prompt, each draft on its own held-out
-    prompts (the all-partitions draft on every one). Node-hours at `plan.throughput`'s rates: training at
-    `train_tokens_per_s`, decoding at `generate_tokens_per_s` (an upper bound: speculative decoding
-    commits several tokens per target step)."""
+    partition and one on all of them together, as many again for each point of the data curve below the
+    whole (`evaluate.fractions`), twice each with `evaluate.baseline: original`; `evaluate.steps`
+    SpecForge steps of `batch_size` samples each (a sample's tokens: the partition's mean; a curve's
+    draft trains as many steps as the whole's), and up to `max_new_tokens` decoded per held-out prompt,
+    each draft on its own held-out prompts (the all-partitions draft on every one). Node-hours at
+    `plan.throughput`'s rates: training at `train_tokens_per_s`, decoding at `generate_tokens_per_s` (an
+    upper bound: speculative decoding commits several tokens per target step); minutes per draft as the
+    earlier evaluate jobs here took (`benchmarks`), on the CPU or, with `evaluate.device: cuda`, a GPU."""
     if "evaluate" not in config or not rows:
         return None
     evaluate = config["evaluate"]
@@ -268,14 +283,17 @@ def plan_evaluation(config: dict, rows: list[PartitionPlan], rates: dict | None 
     )
     decoded = sum(min(evaluate["holdout"], r.prompts) for r in rows) * evaluate["max_new_tokens"]
     copies = 2 if evaluate["baseline"] == "original" else 1
-    drafts = (len(rows) + together) * copies
-    train_tokens = round(evaluate["steps"] * evaluate["batch_size"] * sample_tokens * copies)
-    decoded_tokens = decoded * (1 + together) * copies
+    sizes = 1 + len(curve_fractions(config))  # the whole and each smaller point of the data curve
+    drafts = (len(rows) + together) * copies * sizes
+    train_tokens = round(evaluate["steps"] * evaluate["batch_size"] * sample_tokens * copies * sizes)
+    decoded_tokens = decoded * (1 + together) * copies * sizes
     rates = rates or plan_rates(config)
     train_rate = rates["train_tokens_per_s"]["tokens_per_s"]
     generate_rate = rates["generate_tokens_per_s"]["tokens_per_s"]
+    per_draft = measured_draft_minutes(Path(benchmarks), copies)
     return {
         "drafts": drafts,
+        "curve_drafts": drafts - drafts // sizes,
         "training_steps": drafts * evaluate["steps"],
         "training_tokens": train_tokens,
         "decoded_tokens": decoded_tokens,
@@ -283,6 +301,9 @@ def plan_evaluation(config: dict, rows: list[PartitionPlan], rates: dict | None 
         "node_hours": train_tokens / train_rate / 3600 + decoded_tokens / generate_rate / 3600
         if train_rate and generate_rate
         else None,
+        "device": "GPU" if evaluate["device"] == "cuda" else "CPU",
+        "minutes_per_draft": per_draft,
+        "minutes": per_draft * drafts if per_draft is not None else None,
     }
 
 
@@ -395,11 +416,13 @@ def format_plan(plan: dict) -> str:
     if evaluation := plan.get("evaluation"):
         lines += [
             "",
-            "| evaluation | drafts | training steps | training tokens | decoded tokens | node-h |",
-            "|---|---|---|---|---|---|",
-            f"| evaluate | {evaluation['drafts']} | {_fmt(evaluation['training_steps'])} | "
-            f"{_fmt(evaluation['training_tokens'])} | {_fmt(evaluation['decoded_tokens'])} | "
-            f"{_fmt(evaluation['node_hours'])} |",
+            f"| evaluation | drafts (data curve's) | training steps | training tokens | decoded tokens | node-h | "
+            f"{evaluation['device']} minutes (per draft, measured here) |",
+            "|---|---|---|---|---|---|---|",
+            f"| evaluate | {evaluation['drafts']} ({evaluation['curve_drafts']}) | "
+            f"{_fmt(evaluation['training_steps'])} | {_fmt(evaluation['training_tokens'])} | "
+            f"{_fmt(evaluation['decoded_tokens'])} | {_fmt(evaluation['node_hours'])} | "
+            f"{_fmt(evaluation['minutes'])} ({_fmt(evaluation['minutes_per_draft'])}) |",
         ]
     lines += _disk_lines(plan)
     if not plan["partitions"]:

@@ -128,16 +128,16 @@ def outcomes_figure(summaries: list[dict]) -> Plot:
 
 
 def cost_figure(summaries: list[dict]) -> Plot:
-    fig = Figure(figsize=(15, 4.2), layout="constrained")
-    cost, speed, size = fig.subplots(1, 3)
-    names = [s["partition"] for s in summaries]
-
+    """Throughput and bytes, and the API cost where a backend priced any turn (no empty panel without)."""
     spent = [s["responses"]["usage"].get("cost", 0.0) for s in summaries]
-    cost.bar(names, spent)
-    _label(cost, "API cost (USD, as billed per turn)", legend=False)
-    if not any(spent):
-        cost.set_ylim(0, 1)
-        cost.text(0.5, 0.5, "no priced backend in this run", ha="center", transform=cost.transAxes)
+    fig = Figure(figsize=(15 if any(spent) else 10, 4.2), layout="constrained")
+    panels = list(fig.subplots(1, 3 if any(spent) else 2))
+    names = [s["partition"] for s in summaries]
+    if any(spent):
+        cost = panels.pop(0)
+        cost.bar(names, spent)
+        _label(cost, "API cost (USD, as billed per turn)", legend=False)
+    speed, size = panels
 
     rates = {
         "generation (completion tokens/s)": [
@@ -158,7 +158,7 @@ def cost_figure(summaries: list[dict]) -> Plot:
     }
     _grouped_bars(size, names, sizes)
     _label(size, "hidden-state bytes (MiB)")
-    return _img(fig, "cost, throughput and bytes")
+    return _img(fig, "cost, throughput and bytes" if any(spent) else "throughput and bytes")
 
 
 def agreement_by_position(probed: list[dict]) -> Plot:
@@ -179,7 +179,12 @@ def figures(summaries: list[dict]) -> list[tuple[str, Plot]]:
     return [
         ("Length distributions", lengths_figure(summaries)),
         ("Kept and dropped, finish reasons, token audit", outcomes_figure(summaries)),
-        ("Cost, throughput and hidden-state bytes", cost_figure(summaries)),
+        (
+            "Cost, throughput and hidden-state bytes"
+            if any(s["responses"]["usage"].get("cost") for s in summaries)
+            else "Throughput and hidden-state bytes (no priced backend in this run)",
+            cost_figure(summaries),
+        ),
     ]
 
 
@@ -212,3 +217,50 @@ def evaluation_figure(evaluations: list[dict]) -> Plot:
     positions.xaxis.get_major_locator().set_params(integer=True)
     _label(positions, "acceptance by draft position")
     return _img(fig, "acceptance length per partition and by draft position")
+
+
+def curve_figure(curves: list[dict]) -> Plot:
+    """Acceptance length against training samples (log2 axis) per partition and for the mix: each draft with
+    its 95% interval, the fitted line carried to 4x the data (dashed, its interval shaded), and the drafts
+    trained on the dataset's own responses at the same sizes (hollow markers) where there are any."""
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for number, c in enumerate(curves):
+        color = f"C{number % 10}"
+        points = c["curve"]["points"]
+        xs = [p["samples"] for p in points]
+        ys = [p["acceptance_length"] for p in points]
+        errors = [
+            [max(0.0, p["acceptance_length"] - p["interval_95"][0]) for p in points],
+            [max(0.0, p["interval_95"][1] - p["acceptance_length"]) for p in points],
+        ]
+        ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=color, label=c["partition"])
+        ahead = c["curve"]["extrapolated"]
+        ax.plot(
+            [xs[-1], *(a["samples"] for a in ahead)],
+            [ys[-1], *(a["acceptance_length"] for a in ahead)],
+            "--",
+            color=color,
+        )
+        ax.fill_between(
+            [a["samples"] for a in ahead],
+            [a["interval_95"][0] for a in ahead],
+            [a["interval_95"][1] for a in ahead],
+            color=color,
+            alpha=0.15,
+        )
+        if b := c["baseline"]:
+            ax.plot(
+                [p["samples"] for p in b["points"]],
+                [p["acceptance_length"] for p in b["points"]],
+                marker="o",
+                markerfacecolor="none",
+                linestyle=":",
+                color=color,
+                label=f"{c['partition']}, original responses",
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("training samples (log2; dashed: the fit carried to 2x and 4x)")
+    ax.set_ylabel("acceptance length")
+    _label(ax, "acceptance length against training samples (95% intervals)")
+    return _img(fig, "acceptance length against training samples")

@@ -12,6 +12,7 @@ from eagle3_datagen.chat.gates import GATES, UNUSABLE, pooled
 from eagle3_datagen.formats.files import iter_jsonl, read_json, write_json
 from eagle3_datagen.formats.hidden_codec import Codec
 from eagle3_datagen.formats.histograms import merge
+from eagle3_datagen.reporting import curve
 from eagle3_datagen.reporting import plots as report_plots
 
 
@@ -173,10 +174,17 @@ _TEMPLATES = jinja2.Environment(
 )
 
 
-def summary_html(summaries: list[dict], shared: dict | None = None, evaluations: Sequence[dict] = ()) -> str:
-    """One self-contained page: the numbers as tables, the distributions as matplotlib images.
+def summary_html(
+    summaries: list[dict],
+    shared: dict | None = None,
+    evaluations: Sequence[dict] = (),
+    curves: Sequence[dict] = (),
+) -> str:
+    """One self-contained page that leads with each partition's verdict, then the plots (they shrink to the
+    window), then the tables, every number last and folded away.
 
-    `evaluations`: the partitions' evaluation figures (acceptance.json), where the workflow evaluated them."""
+    `evaluations`: the partitions' evaluation figures (acceptance.json), where the workflow evaluated them;
+    `curves`: `data_curves`' (the data curve of each, where evaluate.fractions gives one)."""
     # Every key any partition has (a reason counted in one partition only is a row too), in first-seen order.
     flat = [k for s in summaries for k, _ in _flat("", {k: v for k, v in s.items() if k != "partition"})]
     keys = list(dict.fromkeys(flat))
@@ -185,15 +193,141 @@ def summary_html(summaries: list[dict], shared: dict | None = None, evaluations:
     untabled = (*plotted, "tokens.special_tokens", "tokens.audit.examples")
     keys = [k for k in keys if not k.startswith(untabled)]
     values = [dict(_flat("", s)) for s in summaries]
+    evaluated = {e["partition"]: evaluation_figures(e) for e in evaluations}
+    curved = {c["partition"]: c for c in curves}
     return _TEMPLATES.get_template("summary.html.j2").render(
+        verdicts=[verdict(s, evaluated.get(s["partition"]), curved.get(s["partition"])) for s in summaries],
+        mix=curved.get("all"),
         figures=report_plots.figures(summaries),
         gates=gates_section(summaries),
         probe=probe_section(summaries),
-        evaluation=evaluation_section([evaluation_figures(e) for e in evaluations]),
+        evaluation=evaluation_section(list(evaluated.values())),
+        curve=curve_section(list(curves)),
         shared=shared_rows(shared),
         partitions=[s["partition"] for s in summaries],
         numbers=[[k, *(v.get(k, "") for v in values)] for k in keys],
     )
+
+
+def verdict(summary: dict, evaluation: dict | None, curve: dict | None) -> dict:
+    """What a reader needs first of a partition, in words: how many samples it kept and what dropped the
+    rest, whether its data is the target's own (the probe, the token audit), the draft's acceptance length
+    and its curve, and what it cost."""
+    gates, tokens = summary.get("gates") or {}, summary["tokens"]
+    reasons = sorted(((n, r) for r, n in (gates.get("counts") or {}).items() if n), reverse=True)
+    not_ok = {k: v for k, v in summary["responses"]["status"].items() if k != "ok" and v}
+    probe, audit = summary.get("probe") or {}, tokens["audit"]
+    compared = audit.get("turns_compared", 0)
+    aligned = []
+    if probe:
+        top1 = probe.get("last_turn", {}).get("top1_agreement")
+        aligned.append(
+            f"probe {', '.join(f'{k} {v}' for k, v in probe['verdicts'].items())}"
+            + (f", top-1 agreement {top1:.3f} on last turns" if top1 is not None else "")
+        )
+    if compared:
+        aligned.append(f"{audit.get('exact', 0)}/{compared} turns' tokens exactly the server's")
+    cost = summary["responses"]["usage"].get("cost")
+    spent = [f"${cost:,.2f} billed"] if cost else []
+    spent.append(f"{_size(summary['hidden_states']['bytes'])} of hidden states")
+    acceptance = None
+    if evaluation:
+        acceptance = f"{evaluation['acceptance_length']:.3f} {_interval(evaluation['interval_95'])}"
+        if b := evaluation["baseline"]:
+            acceptance += (
+                f"; {b['difference']:+.3f} {_interval(b['difference_interval_95'])} over the original responses"
+            )
+    return {
+        "partition": summary["partition"],
+        "kept": f"{tokens.get('samples_out', 0)} samples of {summary['prompts'].get('records', 0)} records",
+        "dropped": ", ".join(f"{r} {n}" for n, r in reasons)
+        or ", ".join(f"{k} {v}" for k, v in not_ok.items())
+        or "none",
+        "aligned": "; ".join(aligned) or "not probed",
+        "acceptance": acceptance,
+        "curve": curve["brief"] if curve else None,
+        "cost": ", ".join(spent),
+    }
+
+
+def _size(value: float) -> str:
+    for scale, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def data_curves(
+    evaluations: Sequence[dict], points: Sequence[dict], summaries: Sequence[dict], plan: dict | None = None
+) -> list[dict]:
+    """Per partition (and `all`, the mix) with more than one draft size: the curve of its drafts
+    (acceptance.json and `points`, the curve/*.json), the baseline's beside it, the price of 2x and 4x the
+    data (the plan's per prompt where results/plan.json counted the partitions, else the run's own) and
+    the line that says it (reporting/curve.py)."""
+    by_name: dict[str, list[dict]] = {}
+    for figures in [*evaluations, *points]:
+        by_name.setdefault(figures["partition"], []).append(figures)
+    plan_rows = {r["partition"]: r for r in (plan or {}).get("partitions", [])}
+    named = {s["partition"]: s for s in summaries}
+    out = []
+    for name, drafts in by_name.items():
+        if len(drafts) < 2:  # the whole's draft alone: no curve
+            continue
+        settings = drafts[0]["settings"]
+        ceiling = settings["speculative"]["num_steps"] + 1
+        fit = curve.fit_curve(curve.points_of(drafts), seed=settings["seed"], ceiling=ceiling)
+        if fit is None:
+            continue
+        with_baseline = all(d.get("baseline") for d in drafts)
+        baseline = (
+            curve.fit_curve(curve.points_of(drafts, baseline=True), seed=settings["seed"], ceiling=ceiling)
+            if with_baseline
+            else None
+        )
+        parts = [named[p] for p in named if name in ("all", p)]
+        per_sample = curve.per_sample_price(
+            [plan_rows[p["partition"]] for p in parts if p["partition"] in plan_rows], parts
+        )
+        top = fit["points"][-1]["samples"]
+        prices = [curve.data_price(top, k, per_sample) for k in curve.FACTORS]
+        out.append(
+            {
+                "partition": name,
+                "curve": fit,
+                "baseline": baseline,
+                "prices": prices,
+                "price_basis": per_sample["basis"],
+                "line": curve.curve_line(name, fit, prices, baseline),
+                "brief": curve.verdict_words(fit, prices),
+            }
+        )
+    return out
+
+
+def curve_section(curves: list[dict]) -> dict | None:
+    if not curves:
+        return None
+    rows = [
+        [
+            c["partition"],
+            ", ".join(f"{p['samples']}: {p['acceptance_length']:.3f}" for p in c["curve"]["points"]),
+            f"{c['curve']['gain_per_doubling']:+.3f} {_interval(c['curve']['gain_per_doubling_interval_95'])}",
+            *(
+                f"{a['acceptance_length']:.3f} {_interval(a['interval_95'])} for {curve.price_words(p)}"
+                for a, p in zip(c["curve"]["extrapolated"], c["prices"], strict=True)
+            ),
+            f"{b['gain_per_doubling']:+.3f} {_interval(b['gain_per_doubling_interval_95'])}"
+            if (b := c["baseline"])
+            else "-",
+        ]
+        for c in curves
+    ]
+    return {
+        "rows": rows,
+        "method": curve.METHOD,
+        "price_basis": sorted({c["price_basis"] for c in curves}),
+        "figure": report_plots.curve_figure(curves),
+    }
 
 
 def shared_rows(shared: dict | None) -> list[list]:

@@ -198,5 +198,14 @@ SPECFORGE_PYTHON_ENV = "EAGLE3_DATAGEN_SPECFORGE_PYTHON"
 
 
 def evaluate_settings(config: dict) -> dict:
-    """What shapes an evaluation (every `evaluate` key but the interpreter); {} without the stage."""
-    return split(config.get("evaluate"), "evaluate")[0]
+    """What shapes one draft's evaluation (every `evaluate` key but the interpreter and the curve's
+    `fractions`: each fraction is a job of its own, so adding one reruns no other); {} without the stage."""
+    settings = split(config.get("evaluate"), "evaluate")[0]
+    settings.pop("fractions", None)
+    return settings
+
+
+def curve_fractions(config: dict) -> list[float]:
+    """The data curve's fractions below 1 (`evaluate.fractions`; 1 is the evaluate job's draft), each once,
+    ascending; [] without the stage."""
+    return sorted({f for f in (config.get("evaluate") or {}).get("fractions", []) if f < 1})

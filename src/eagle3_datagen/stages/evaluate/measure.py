@@ -3,6 +3,7 @@ speculative decoding of the target on held-out prompts, SpecForge's own estimate
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Iterable
@@ -12,7 +13,7 @@ from typing import TextIO
 import torch
 from transformers import AutoModelForCausalLM
 
-from eagle3_datagen.formats.files import InputError
+from eagle3_datagen.formats.files import InputError, read_jsonl
 from eagle3_datagen.stages.evaluate.draft import (
     load_draft,
     specforge_on_cpu,
@@ -63,23 +64,51 @@ def held_out_samples(token_rows: Iterable[dict], ids: Iterable[str]) -> list[dic
     return [row for row in token_rows if row["id"] in wanted]
 
 
-def training_data(exports: list[Path], work_dir: Path) -> Path | None:
+def _sample_files(export: Path) -> dict[int, Path]:
+    """{index in ids.jsonl: the sample's file} of a SpecForge export (`rows_*/data_<index>.ckpt[.gz]`)."""
+    files = (p for p in export.glob("rows_*/data_*") if p.name.endswith((".ckpt", ".ckpt.gz")))
+    return {int(p.name.removeprefix("data_").split(".")[0]): p for p in files}
+
+
+def nested_subset(ids: list[str], fraction: float, seed: int, least: int) -> set[str]:
+    """The first round(`fraction` * len(ids)) of `ids` (at least `least`, at most all) in the order of
+    sha256(`seed:id`): a smaller fraction's subset lies inside every larger one's, and a partition and its
+    baseline twin (the same prompt ids) keep the same prompts."""
+    count = min(len(ids), max(least, round(fraction * len(ids))))
+    return set(sorted(ids, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())[:count])
+
+
+def training_data(
+    exports: list[Path], work_dir: Path, fraction: float = 1.0, seed: int = 0, least: int = 1
+) -> Path | None:
     """Where SpecForge reads the training samples: the one export itself, or for several exports (all
-    partitions together) a directory of links to each one's samples, one folder per export (its reader
+    partitions together) or a `fraction` of the samples (`nested_subset` of every export's sample ids
+    together, at least `least`) a directory of links to the samples, one folder per export (its reader
     lists every `.ckpt` and `.ckpt.gz` below the directory, sorted). The exports must share one draft config."""
-    if len(exports) == 1:
+    if len(exports) == 1 and fraction >= 1:
         return None
     configs = {(e / "draft_config.json").read_text() for e in exports}
     if len(configs) > 1:
         named = [str(e) for e in exports]
         raise ValueError(f"exports {named} have different draft configs: one draft cannot train on all of them")
+    ids = {(n, row["index"]): row["id"] for n, e in enumerate(exports) for row in read_jsonl(e / "ids.jsonl")}
+    kept = nested_subset(list(ids.values()), fraction, seed, least) if fraction < 1 else set(ids.values())
     data = work_dir / "data"
     for number, export in enumerate(exports):
-        for sample in sorted(p for p in export.glob("rows_*/*") if p.name.endswith((".ckpt", ".ckpt.gz"))):
+        for index, sample in sorted(_sample_files(export).items()):
+            if ids[number, index] not in kept:
+                continue
             link = data / f"{number:05d}" / sample.relative_to(export)
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(sample.resolve())
     return data
+
+
+def trained_samples(data: Path | None, exports: list[Path]) -> int:
+    """The samples a draft trains on: those under `data`, or (None) every export's."""
+    if data is None:
+        return sum(json.loads((e / "export.json").read_text())["samples"] for e in exports)
+    return sum(1 for p in data.rglob("data_*") if p.name.endswith((".ckpt", ".ckpt.gz")))
 
 
 def evaluate_partition(
@@ -89,14 +118,17 @@ def evaluate_partition(
     settings: dict,
     log: TextIO,
     vocab_dir: Path | None = None,
+    fraction: float = 1.0,
 ) -> tuple[dict, Path]:
-    """Train on `exports` (SpecForge's; `settings`: the `evaluate` section) with the draft vocabulary under
-    `vocab_dir` (None: the one the first export names), decode each held-out prompt
+    """Train on `exports` (SpecForge's; `settings`: the `evaluate` section), or on a nested `fraction` of
+    their samples (`training_data`), with the draft vocabulary under `vocab_dir` (None: the one the first
+    export names), decode each held-out prompt
     (`speculative.num_steps` proposals a step, up to `max_new_tokens`) and estimate; returns the figures
     and the trained draft's checkpoint directory (`log`: where SpecForge's output goes)."""
     if not held_out:
         raise ValueError("no held-out sample to decode: raise evaluate.holdout (or the partition has no samples)")
-    samples = sum(json.loads((e / "export.json").read_text())["samples"] for e in exports)
+    data = training_data(exports, work_dir, fraction, settings["seed"], settings["batch_size"])
+    samples = trained_samples(data, exports)
     if samples < settings["batch_size"]:
         # SpecForge's loader drops an incomplete batch: fewer samples than a batch train nothing
         raise InputError(
@@ -109,7 +141,7 @@ def evaluate_partition(
     specforge_on_cpu()
     torch.set_num_threads(1)  # the tiny CPU models' matrices: one thread beats two contending
     export_dir = exports[0]
-    run = train_draft(export_dir, work_dir, settings, log, training_data(exports, work_dir), vocab_dir)
+    run = train_draft(export_dir, work_dir, settings, log, data, vocab_dir)
     draft = load_draft(run, export_dir, vocab_dir)
     aux_layers = json.loads((export_dir / "export.json").read_text())["aux_layers"]
     target_path = train_config(export_dir)["model"]["target_model_path"]
@@ -140,6 +172,8 @@ def evaluate_partition(
         ),
         "measured_by": MEASURED_BY,
         "prompts": len(decoded),
+        "samples": samples,
+        "fraction": fraction,
         "verify_steps": len(accepted),
         "committed_tokens": sum(d.committed for d in decoded),
         # how often the k-th proposal was accepted, k = 1..steps
