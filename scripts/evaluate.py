@@ -19,7 +19,7 @@ from pathlib import Path
 from eagle3_datagen import cli
 from eagle3_datagen.formats.files import atomic_dir, read_jsonl, write_json
 from eagle3_datagen.formats.holdout import read_holdout
-from eagle3_datagen.stages.evaluate.compare import paired_comparison, prompt_figures
+from eagle3_datagen.paired_acceptance import paired_comparison, prompt_figures
 from eagle3_datagen.stages.evaluate.measure import evaluate_partition, held_out_samples
 from eagle3_datagen.stages.evaluate.speculative import AcceptanceTooLow, check_acceptance
 

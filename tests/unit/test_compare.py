@@ -2,7 +2,7 @@
 
 import pytest
 
-from eagle3_datagen.stages.evaluate.compare import paired_comparison, prompt_figures
+from eagle3_datagen.paired_acceptance import paired_comparison, prompt_figures
 
 
 def test_per_prompt_figures_count_each_steps_proposals_and_its_bonus_token():

@@ -14,7 +14,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 
-from eagle3_datagen.stages.evaluate.compare import prompt_figures
+from eagle3_datagen.paired_acceptance import prompt_figures
 
 METHOD = (
     "least squares of acceptance length on log2(samples); 95% intervals: paired percentile bootstrap over the "

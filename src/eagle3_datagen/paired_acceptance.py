@@ -5,7 +5,8 @@ percentile bootstrap interval of the difference over prompts.
 Greedy speculative decoding commits the target's own tokens whatever the draft proposes, so both drafts
 decode the same outputs of the same prompts and differ only in how many verify steps they take: the
 bootstrap resamples prompts and recomputes both figures on each resample, which keeps each prompt's two
-figures together (what the prompt's length and difficulty do to both cancels in the difference).
+figures together (what the prompt's length and difficulty do to both cancels in the difference). Shared
+by the evaluate stage and the report's data curve (`reporting/curve.py`), below both.
 """
 
 from __future__ import annotations
