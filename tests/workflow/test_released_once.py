@@ -62,7 +62,7 @@ def test_a_released_partition_reruns_what_changed_from_the_kept_copy_and_never_c
     # every change below capture at once: SpecForge's rows gzipped, a probe threshold, the draft vocabulary's
     # size, and a code update of the export rule (its shell command), which Snakemake's code trigger sees
     config["export"]["specforge"] = {"compress": "gzip"}
-    config["probe"] = {"min_mean_logprob": -0.001}  # any sampled data now warns
+    config["probe"] = {"min_greedy_agreement": 0.5}  # the demo's greedy data with exact output IDs
     config["vocab_mapping"]["draft_vocab_size"] = 128
     (work / "once.yaml").write_text(yaml.safe_dump(config))
     rule = work / "rules/export.smk"
@@ -85,8 +85,9 @@ def test_a_released_partition_reruns_what_changed_from_the_kept_copy_and_never_c
     readme = {"README.md": speculators["files"]["README.md"]}
     assert speculators["files"] == {**before["speculators"]["files"], **readme}  # the states' files linked
     probe = json.loads((work / f"results/{PARTITION}/probe/00000.json").read_text())
-    assert probe["all"] == probe_before["all"] and probe["verdict"] == "warn"
-    assert any("min_mean_logprob=-0.001" in r for r in probe["reasons"])
+    assert probe == probe_before and probe["greedy_exact"] is True and probe["verdict"] == "ok"  # the same numbers
+    log = (work / f"logs/{PARTITION}/probe/00000.log").read_text()
+    assert "judged again from the measurements recorded in" in log
     kept = hidden / "kept/specforge"
     assert sorted(p.name for p in kept.glob("rows_*/*")) == sorted(p.name for p in gz)
     print(f"rerun below capture: {len(jobs)} jobs, {after['bytes']} bytes of SpecForge export, {seconds:.1f} s")
