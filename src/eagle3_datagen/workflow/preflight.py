@@ -312,7 +312,10 @@ def _disk_writes(config: dict, jobs: list[Job], results: Path) -> tuple[list[tup
             elif job.rule == "export":
                 for fmt in [job.format] if job.format else counted.exports:
                     out = results / partition / "export" / fmt
-                    writes.append((partition, out, max(0, counted.exports[fmt] - disk.existing_bytes(out))))
+                    # a kept copy keeps the old export's blocks while the new one is written beside it
+                    kept = (kept_export(results, partition, fmt) / "export.json").is_file()
+                    old = 0 if kept else disk.existing_bytes(out)
+                    writes.append((partition, out, max(0, counted.exports[fmt] - old)))
     return writes, bases
 
 
