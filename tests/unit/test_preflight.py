@@ -226,7 +226,7 @@ def test_released_shards_are_captured_again_only_with_their_price_and_what_reads
     export = Job("export", "B3_magicoder_oss", format="specforge")
     [found] = problems(config, [export], env, False, results)
     assert found.startswith("B3_magicoder_oss: the specforge export (no kept copy of it")
-    assert "3,600,000 tokens" in found and "1.00 GiB written" in found and f"delete {hidden} and rerun" in found
+    assert "3,600,000 tokens" in found and "1.00 GiB (1,073,741,824 bytes) written" in found and f"delete {hidden} and rerun" in found
     (hidden / "kept/specforge").mkdir(parents=True)
     (hidden / "kept/specforge/export.json").write_text("{}")
     assert problems(config, [export], env, False, results) == []

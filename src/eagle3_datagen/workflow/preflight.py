@@ -412,9 +412,9 @@ def _released_problems(config: dict, jobs: list[Job], results: Path) -> list[str
                 f"{partition}: {'; '.join(why)} need the hidden states, whose parts were removed once the exports "
                 f"were done (hidden_states.keep_shards: false: the exports are the one copy). Capturing the "
                 f"{len(released)} released shards of {hidden} again costs {tokens:,} tokens, {hours}, "
-                f"{stored / 2**30:,.2f} GiB written: delete {hidden} and rerun to pay it; or set back what changed "
-                "(export settings, probe thresholds, the vocabulary and the rules' code below capture rerun from "
-                "the kept copy without it)"
+                f"{stored / 2**30:,.2f} GiB ({stored:,} bytes) written: delete {hidden} and rerun to pay it; or "
+                "set back what changed (export settings, probe thresholds, the vocabulary and the rules' code "
+                "below capture rerun from the kept copy without it)"
             )
     return found
 
