@@ -1,7 +1,8 @@
 # The exports name results/vocab's files rather than read them: one partition's change then reruns
 # only its own export, not every partition's (results/vocab combines them all). A partition's export
-# waits for its probes (a failed probe stops it), which are ancient(): a probe rerun for its own settings
-# alone reschedules no export.
+# waits for its probes (a failed probe stops it), which are ancient() until its shards are released: a probe
+# rerun for its own settings alone reschedules no export (get_export_probes). On released shards the export is
+# rebuilt from its kept copy (scripts/export.py).
 rule export:
     input:
         hidden=get_partition_hidden_shards,

@@ -27,8 +27,9 @@ rule hidden_states:
 
 # With hidden_states.keep_shards: false (the default) and an export of the partition: once its exports and
 # probes are done, its shards keep index.json (and released.json) and lose their parts, so that the exports
-# are the run's one copy of the states. Snakemake dates the shards by their .snakemake_timestamp, which stays:
-# what was made of them stays up to date; a later job that must read them again is stopped by the preflight.
+# are the run's one copy of the states: each export is linked into hidden/kept/<format>, and released.json keeps
+# what the probe measured, from which a later export or probe job reruns (stages/export/kept.py). Snakemake
+# dates the shards by their .snakemake_timestamp, which stays: what was made of them stays up to date.
 rule release_hidden:
     input:
         hidden=get_partition_hidden_shards,

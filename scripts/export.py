@@ -1,15 +1,22 @@
 #!/usr/bin/env python
-"""Export hidden-state shards to SpecForge's or vLLM speculators' training layout, on --threads threads."""
+"""Export hidden-state shards to SpecForge's or vLLM speculators' training layout, on --threads threads.
+
+Where the shards were released (hidden_states.keep_shards: false), the export is rebuilt from its kept copy
+(results/<partition>/hidden/kept/<format>: stages/export/kept.py) without reading any state.
+"""
 
 import json
 import logging
+from pathlib import Path
 
 from eagle3_datagen import cli
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import reporting_full_disk
+from eagle3_datagen.formats.hidden_shard import RELEASED
 from eagle3_datagen.formats.holdout import read_holdout
 from eagle3_datagen.formats.trainer_exports import EXPORTS
 from eagle3_datagen.stages.export import export
+from eagle3_datagen.stages.export.kept import kept_dir, rebuild
 
 
 def main() -> None:
@@ -33,18 +40,24 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)  # one sample per thread: the job's threads are the export's, not torch's
-    with reporting_full_disk(args.out):
-        summary = export(
-            args.hidden,
-            args.out,
-            args.format,
-            model_path=args.model,
-            vocab_dir=args.vocab,
-            draft_vocab_size=args.draft_vocab_size,
-            held_out=read_holdout(args.holdout) if args.holdout else (),
-            settings=fill_defaults(args.settings, "export"),
-            threads=args.threads,
+    released = [d for d in args.hidden if (Path(d) / RELEASED).exists()]
+    if released and len(released) < len(args.hidden):
+        raise ValueError(
+            f"the shards {released} were released and the others were captured again: the export reads either "
+            "every shard or its kept copy; delete the released ones too and rerun"
         )
+    options = {
+        "model_path": args.model,
+        "vocab_dir": args.vocab,
+        "draft_vocab_size": args.draft_vocab_size,
+        "held_out": read_holdout(args.holdout) if args.holdout else (),
+        "settings": fill_defaults(args.settings, "export"),
+    }
+    with reporting_full_disk(args.out):
+        if released:
+            summary = rebuild(kept_dir(args.out), args.hidden, args.out, args.format, **options)
+        else:
+            summary = export(args.hidden, args.out, args.format, threads=args.threads, **options)
     logging.getLogger("export").info("%s", summary)
 
 

@@ -5,7 +5,10 @@ Before it writes anything, the job checks its shard's bytes against the room whe
 space, the user's quota, resources.disk_quota_bytes: workflow/disk.py) and refuses to start without it.
 The forward passes run in the node's capture runner (scripts/capture_runner.py), which the first
 hidden-state job on the node starts and the later ones reuse: the model loads once per node and run.
-Another copy of the same job (a restarted controller's) waits until this one is done.
+Another copy of the same job (a restarted controller's) waits until this one is done. A finished shard that
+Snakemake removed to run its job again (a retried or requeued group job runs with --force) is linked back
+from its `.finished` copy when what shapes its states is unchanged (stages/hidden/finished.py): nothing is
+captured again.
 """
 
 import errno
@@ -14,6 +17,7 @@ from pathlib import Path
 from eagle3_datagen import cli
 from eagle3_datagen.formats.files import DiskFull
 from eagle3_datagen.formats.shard_lease import one_copy
+from eagle3_datagen.stages.hidden.finished import keep_finished, restore_finished, states_fingerprint
 from eagle3_datagen.stages.hidden.runner import CaptureFailed, capture_with_runner
 from eagle3_datagen.workflow.disk import capture_room_problem
 
@@ -25,13 +29,18 @@ def main() -> None:
     p.add_argument("--tokens", required=True)
     p.add_argument("--out", required=True, help="shard directory to create")
     args = p.parse_args()
+    shaping = args.settings  # the rule's params: what shapes the states, before the run-only settings join them
     cli.setup(args, "hidden_states", torch_threads=False)  # the runner computes, with --threads
     problem = capture_room_problem(Path(args.tokens), Path(args.out), args.settings)
     if problem:
         raise DiskFull(errno.EDQUOT, problem)
     with one_copy([args.out], [args.tokens]) as done:
-        if not done:
+        # no token shard: the runner says so
+        shaped_by = states_fingerprint(shaping, args.tokens) if Path(args.tokens).is_file() else None
+        if not done and not (shaped_by and restore_finished(args.out, shaped_by)):
             capture_with_runner(args.tokens, args.out, args.settings, args.threads, RUNNER)
+            if shaped_by:
+                keep_finished(args.out, shaped_by)
 
 
 if __name__ == "__main__":

@@ -2,15 +2,18 @@
 """Remove the parts of a partition's hidden-state shards once its exports and probes have read them.
 
 Run by the workflow's release_hidden rule (hidden_states.keep_shards: false, the default, and the partition
-has an export): each shard keeps its index.json and gains a released.json; the exports are the run's one copy
-of the states. Writes --out with the shards and the bytes freed.
+has an export): each shard keeps its index.json and gains a released.json, which keeps what its probe measured;
+each export is linked into results/<partition>/hidden/kept/<format>, the run's one copy of the states, from
+which a later change to the export rebuilds it. Writes --out with the shards, the bytes freed and the kept copies.
 """
 
 import logging
+from pathlib import Path
 
 from eagle3_datagen import cli
-from eagle3_datagen.formats.files import write_json
+from eagle3_datagen.formats.files import read_json, write_json
 from eagle3_datagen.formats.hidden_shard import release_parts
+from eagle3_datagen.stages.export.kept import keep
 
 
 def main() -> None:
@@ -20,8 +23,11 @@ def main() -> None:
     p.add_argument("--out", required=True, help="the record to write (JSON)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO)
-    freed = {shard: release_parts(shard, args.after) for shard in args.hidden}
-    write_json(args.out, {"shards": freed, "bytes_freed": sum(freed.values()), "after": args.after})
+    after = [Path(path) for path in args.after]
+    probes = {path.stem: read_json(path) for path in after if path.parent.name == "probe"}
+    kept = [str(copy) for copy in (keep(path) for path in after if path.parent.name == "export") if copy]
+    freed = {shard: release_parts(shard, args.after, probes.get(Path(shard).name)) for shard in args.hidden}
+    write_json(args.out, {"shards": freed, "bytes_freed": sum(freed.values()), "after": args.after, "kept": kept})
     logging.getLogger("release").info("removed the parts of %d shards: %d bytes freed", len(freed), sum(freed.values()))
 
 

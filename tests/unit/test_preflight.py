@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from eagle3_datagen.config_schema import fill_defaults
+from eagle3_datagen.formats.released import probe_measured_with
 from eagle3_datagen.workflow import disk, preflight
 from eagle3_datagen.workflow.preflight import Job, config_jobs, problems
 from tests.helpers import REPO, copy_workflow, run
@@ -222,24 +223,45 @@ def test_the_disk_check_counts_each_output_on_its_own_filesystem(tmp_path):
         shutil.rmtree(elsewhere)
 
 
-def test_a_probe_or_export_of_released_shards_stops_the_run_unless_they_are_captured_again(tmp_path):
+def test_released_shards_are_captured_again_only_with_their_price_and_what_reads_them_reruns_from_the_kept_copy(
+    tmp_path,
+):
+    """A released shard's probe with new thresholds and an export with a kept copy pass; a capture of it, a probe
+    that measures otherwise and an export of a format never kept are refused, priced at plan.throughput's rate."""
     config = fill_defaults(kimi("sglang"))
     config["model"]["path"] = str(model_dir(tmp_path / "model"))
     config["hidden_states"]["backend"] = "hf"
+    config["plan"]["throughput"] = {"prefill_tokens_per_s": 1000}
     results = tmp_path / "results"
+    hidden = results / "B3_magicoder_oss/hidden"
     for shard in ("00000", "00001"):
-        (results / "B3_magicoder_oss/hidden" / shard).mkdir(parents=True)
-    (results / "B3_magicoder_oss/hidden/00001/released.json").write_text("{}")
+        (hidden / shard).mkdir(parents=True)
+    measured = probe_measured_with(config["probe"], config["model"]["path"])
+    record = {"tokens": 3_600_000, "bytes": 2**30, "probe": {"measured_with": measured}}
+    (hidden / "00001/released.json").write_text(json.dumps(record))
     env = {"PATH": VENV_BIN}
     export = Job("export", "B3_magicoder_oss", format="specforge")
     [found] = problems(config, [export], env, False, results)
-    assert found.startswith("the export specforge job of B3_magicoder_oss would read the hidden-state shards 00001 of")
-    assert "keep_shards: false" in found and f"delete {results / 'B3_magicoder_oss/hidden'}" in found
-    assert problems(config, [Job("probe", "B3_magicoder_oss", shard="00000")], env, False, results) == []
-    assert len(problems(config, [Job("probe", "B3_magicoder_oss", shard="00001")], env, False, results)) == 1
-    recapture = [Job("hidden_states", "B3_magicoder_oss", shard="00001"), export]
-    assert problems(config, recapture, env, False, results) == []
-    assert problems(config, [export], env, False, results, scheduled=False) == []  # a dry-run lists every job
+    assert found.startswith("B3_magicoder_oss: the specforge export (no kept copy of it")
+    assert (
+        "3,600,000 tokens" in found
+        and "1.00 GiB (1,073,741,824 bytes) written" in found
+        and f"delete {hidden} and rerun" in found
+    )
+    (hidden / "kept/specforge").mkdir(parents=True)
+    (hidden / "kept/specforge/export.json").write_text("{}")
+    assert problems(config, [export], env, False, results) == []
+    thresholds = {**config, "probe": {**config["probe"], "min_mean_logprob": -1.0}}
+    assert problems(thresholds, [Job("probe", "B3_magicoder_oss", shard="00001")], env, False, results) == []
+    reseeded = {**config, "probe": {**config["probe"], "seed": 7}}
+    [found] = problems(reseeded, [Job("probe", "B3_magicoder_oss", shard="00001")], env, False, results)
+    assert "the probes of shards 00001 (they would measure otherwise" in found
+    capture = [Job("hidden_states", "B3_magicoder_oss", shard="00001"), export]
+    [found] = problems(config, capture, env, False, results)
+    rate = preflight._capture_rate(config)
+    assert rate and f"{3_600_000 / rate / 3600:,.2f} node-hours at {rate:,.0f} tokens/s" in found
+    assert "the hidden_states jobs of shards 00001" in found
+    assert problems(config, capture, env, False, results, scheduled=False) == []  # a dry-run lists every job
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import shutil
 import time
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,10 +31,9 @@ from eagle3_datagen.formats.hidden_codec import (
     frame_header_json,
     reference_rows,
 )
+from eagle3_datagen.formats.released import RELEASED, finished_copy
 
 FORMAT = "eagle3-datagen/hidden-v1"
-# Beside index.json once the parts are removed (`release_parts`).
-RELEASED = "released.json"
 
 
 COLUMNS = ("input_ids", "loss_mask", "aux_hidden_states", "hidden_states")
@@ -141,10 +141,11 @@ def released_message(shard_dir: Path, record: dict) -> str:
     )
 
 
-def release_parts(shard_dir: str | Path, after: Sequence[str]) -> int:
+def release_parts(shard_dir: str | Path, after: Sequence[str], probe: dict | None = None) -> int:
     """Remove a finished shard's parts once `after` (the outputs made from them) are done, keeping
     index.json (counts, sizes, checksums: what the report and the plan read) and `released.json`, which
-    says when and after what. Returns the bytes freed. Snakemake dates a directory output by its
+    says when and after what, and keeps what its probe measured (`probe`, its result: a probe with other
+    thresholds is judged again from it). Returns the bytes freed. Snakemake dates a directory output by its
     `.snakemake_timestamp`, which stays, so the shard and what was made from it remain up to date."""
     shard_dir = Path(shard_dir)
     index = read_json(shard_dir / "index.json")
@@ -154,8 +155,10 @@ def release_parts(shard_dir: str | Path, after: Sequence[str]) -> int:
             "after": list(after),
             "tokens": index["tokens"],
             "bytes": index["bytes"],
+            "probe": probe,
         }
         write_json(shard_dir / RELEASED, record)  # first: a reader never sees a shard with parts missing
+    shutil.rmtree(finished_copy(shard_dir), ignore_errors=True)  # its parts' second names
     freed = 0
     for part in index["parts"]:
         path = shard_dir / part["file"]
@@ -202,6 +205,23 @@ def write_part(
     with atomic_path(checksum_path(path)) as tmp:
         tmp.write_text(checksum)
     return raw_bytes, checksum
+
+
+class ShardIndex:
+    """What a shard's index.json says (layout, samples, storage), whether its parts are there or released: what
+    an export rebuilt from its kept copy reads of the shard (`stages/export/kept.py`)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.index = read_json(self.path / "index.json")
+        self.codec = Codec.from_index(self.index)
+
+    @property
+    def ids(self) -> list[str]:
+        return [sid for part in self.index["parts"] for sid in part["ids"]]
+
+    def __len__(self) -> int:
+        return self.index["samples"]
 
 
 class HiddenShard:

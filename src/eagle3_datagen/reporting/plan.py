@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from eagle3_datagen.backends.base import generation_limit
-from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, RESPONSE_RULES
+from eagle3_datagen.backends.plugins import GENERATION, RESPONSE_RULES
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 from eagle3_datagen.formats import storage
 from eagle3_datagen.formats.files import iter_jsonl
-from eagle3_datagen.formats.measured_rates import RATES, read_rates
+from eagle3_datagen.formats.released import RELEASED
 from eagle3_datagen.formats.service_loads import read_loads
 from eagle3_datagen.workflow import disk
 from eagle3_datagen.workflow.job_resources import observed_completion_per_turn
@@ -43,6 +43,7 @@ from eagle3_datagen.workflow.partitions import (
     served_by_launched_server,
     shard_names,
 )
+from eagle3_datagen.workflow.rates import capture_rates, plan_rates
 from eagle3_datagen.workflow.settings import curve_fractions, sampling_for
 
 
@@ -164,37 +165,6 @@ def _has_tokenizer(directory: str) -> bool:
     return any((Path(directory) / name).is_file() for name in TOKENIZER_FILES)
 
 
-def capture_rates(config: dict, per_token: int, prefill_tokens_per_s: float | None) -> dict:
-    """The capture's tokens/s: the node's forward passes (`prefill_tokens_per_s`, `plan_rates`') and its CPU
-    side, the capture job's cores (`resources.jobs.hidden_states.cpus_per_task`, less one per GPU rank) at
-    the bytes per core a second measured for the storage setting; the slower one bounds the stage."""
-    hidden = config["hidden_states"]
-    ranks = CAPTURE[hidden["backend"]].ranks(config)
-    cores = max(1, config["resources"]["jobs"]["hidden_states"]["cpus_per_task"] - ranks)
-    cpu = cores * storage.capture_bytes_per_core_s(hidden["dtype"], hidden["compress"], hidden["compress_level"])
-    rates = {"cpu_tokens_per_s": cpu / per_token, "cpu_cores": cores}
-    if prefill_tokens_per_s:
-        rates["gpu_tokens_per_s"] = prefill_tokens_per_s
-    rates["tokens_per_s"] = min(r for k, r in rates.items() if k.endswith("tokens_per_s"))
-    rates["bound_by"] = "cpu" if rates["tokens_per_s"] == rates["cpu_tokens_per_s"] else "gpu"
-    return rates
-
-
-def plan_rates(config: dict, logs: str | Path = "logs") -> dict:
-    """Each rate of `plan.throughput` (tokens/s) and its basis: the smoke run's measurement on the node for
-    this model where there is one, else the config's (a rate neither gives is None: no node-hours)."""
-    configured = config["plan"].get("throughput") or {}
-    model = str(Path(config["model"]["path"]).resolve())  # as the smoke run records it
-    measured = read_rates(logs, model) or {}
-    rates = {}
-    for key in (*RATES, "train_tokens_per_s"):
-        if measured.get(key):
-            rates[key] = {"tokens_per_s": measured[key], "basis": f"measured by the smoke run, {measured['time']}"}
-        else:
-            rates[key] = {"tokens_per_s": configured.get(key), "basis": "plan.throughput"}
-    return rates
-
-
 def plan_partition(
     config: dict, partition: str, tokenizer, results: Path, tokens_scheduled: bool = True, rates: dict | None = None
 ) -> PartitionPlan:
@@ -308,11 +278,11 @@ def plan_evaluation(
 
 
 def recaptures(config: dict, jobs: list[ScheduledJob], results: Path) -> list[str]:
-    """Partitions whose exports or probes the run reruns while their shards' parts were removed
-    (hidden_states.keep_shards: false) and nothing captures them again: the preflight stops such a run."""
-    capturing = {j.partition for j in jobs if j.rule == "hidden_states"}
-    reading = {j.partition for j in jobs if j.rule in ("export", "probe") and j.partition}
-    return sorted(p for p in reading - capturing if any((results / p / "hidden").glob(f"*/{disk.RELEASED}")))
+    """Partitions whose released shards (hidden_states.keep_shards: false) the run captures again: what shapes
+    their states changed. The preflight stops such a run with its price (what reads the states reruns from the
+    kept copy and is not counted here)."""
+    capturing = {j.partition for j in jobs if j.rule == "hidden_states" and j.partition}
+    return sorted(p for p in capturing if any((results / p / "hidden").glob(f"*/{RELEASED}")))
 
 
 def make_plan(
@@ -436,10 +406,10 @@ def format_plan(plan: dict) -> str:
             )
     if plan["recapture"]:
         lines.append(
-            f"\nWARNING: the exports or probes of {', '.join(plan['recapture'])} rerun, but their shards' parts were "
-            "removed after the exports (hidden_states.keep_shards: false): the run stops before its first job. "
-            "Capturing them again costs the hidden node-hours of a first run: delete results/<partition>/hidden "
-            "and plan again to count them, or undo the change that reruns the exports"
+            f"\nWARNING: the released shards of {', '.join(plan['recapture'])} would be captured again (what shapes "
+            "their states changed) while their parts were removed after the exports (hidden_states.keep_shards: "
+            "false): the run stops before its first job, naming the price (the hidden node-hours above). Delete "
+            "results/<partition>/hidden to pay it, or set back what changed"
         )
     return "\n".join(lines)
 

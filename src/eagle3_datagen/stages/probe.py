@@ -33,8 +33,9 @@ import torch
 
 from eagle3_datagen.chat.gates import GATES, UNUSABLE
 from eagle3_datagen.formats.checkpoint import head_and_norm_names, read_tensor, rms_norm, tensor_files, text_config
-from eagle3_datagen.formats.files import write_json
+from eagle3_datagen.formats.files import read_json, write_json
 from eagle3_datagen.formats.hidden_shard import HiddenShard
+from eagle3_datagen.formats.released import PROBE_MEASURING, RELEASED, probe_measured_with
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +312,20 @@ def _final_norm(rms: torch.Tensor) -> dict:
     }
 
 
+def recorded_measurements(released: Path, measured_with: dict) -> dict:
+    """What a released shard's probe measured (its released.json keeps the probe's result), without its verdict;
+    `ProbeFailure` naming the fix where they were measured otherwise (other positions, another model)."""
+    record = read_json(released).get("probe")
+    if record is None or record.get("measured_with") != measured_with:
+        had = record.get("measured_with") if record else "nothing recorded"
+        raise ProbeFailure(
+            f"{released.parent}: its parts were released, and its probe measured with {had}, not {measured_with}: "
+            "measuring again needs the states captured again (the preflight prices it). Set the probe's "
+            f"{', '.join(PROBE_MEASURING)} back, or delete {released.parent} and rerun"
+        )
+    return {k: v for k, v in record.items() if k not in ("partition", "backend", "greedy_exact", "verdict", "reasons")}
+
+
 def verdict(result: dict, settings: ProbeSettings, greedy_exact: bool) -> tuple[str, list[str]]:
     """`ok`, `warn` or `fail`, with the reasons.
 
@@ -408,11 +423,18 @@ def run_probe(
     tokens_audit: dict,
     device: str = "cpu",
 ) -> dict:
-    """`tokens_audit`: the shard's tokens audit.json, which says what became of its response rows."""
-    head = LMHead(model_path, device)
-    log.info("read %s from %s", head.loaded, model_path)
+    """`tokens_audit`: the shard's tokens audit.json, which says what became of its response rows. A shard
+    whose parts were released is judged again from what its probe measured before (`measured_again`)."""
+    measured_with = probe_measured_with(settings.__dict__, model_path)
+    released = Path(shard_dir) / RELEASED
     result = {"partition": partition, "backend": backend, "greedy_exact": greedy_exact}
-    result.update(probe_shard(shard_dir, head, settings))
+    if released.exists():
+        result.update(recorded_measurements(released, measured_with))
+        log.info("judged again from the measurements recorded in %s", released)
+    else:
+        head = LMHead(model_path, device)
+        log.info("read %s from %s", head.loaded, model_path)
+        result.update(probe_shard(shard_dir, head, settings), measured_with=measured_with)
     if result["positions_total"]:
         result["verdict"], result["reasons"] = verdict(result, settings, greedy_exact)
     else:

@@ -36,7 +36,6 @@ from eagle3_datagen.workflow.partitions import (
 )
 from eagle3_datagen.workflow.settings import DATASET
 
-RELEASED = "released.json"  # formats/hidden_shard.py's marker (that module imports torch)
 # Tokens per message and per prompt that a chat template adds around the text (role markers, a default
 # system prompt), beyond the text's own: the prompts' bound counts at most one token per byte of text.
 TEMPLATE_TOKENS_PER_MESSAGE = 32

@@ -14,8 +14,9 @@ from the prompts, and before the prompts exist (a first run) estimates them from
 output goes to: its free space, or less where the user's quota (workflow/quota.py) or
 `resources.disk_quota_bytes` leaves less. Each capture job checks its own shard the same way before it
 writes (scripts/hidden_states.py). A probe or export
-that would read shards whose parts were removed after the exports (hidden_states.keep_shards: false)
-stops a run too, naming the cost of rerunning it.
+that needs the states of shards whose parts were removed after the exports (hidden_states.keep_shards:
+false) stops a run too, naming the price of capturing them again; a probe re-judged or an export rebuilt
+from the kept copy does not.
 
 Each problem is one line naming the setting, the value and the fix.
 """
@@ -33,8 +34,12 @@ from pathlib import Path
 from eagle3_datagen.backends import ledger
 from eagle3_datagen.backends.plugins import CAPTURE, GENERATION, IMPORTABLE, RESPONSE_RULES, SERVED_RESPONSE_RULE
 from eagle3_datagen.config_schema import fill_defaults
+from eagle3_datagen.formats import storage
+from eagle3_datagen.formats.files import read_json
+from eagle3_datagen.formats.released import PROBE_MEASURING, RELEASED, kept_export, probe_measured_with
 from eagle3_datagen.workflow import disk
 from eagle3_datagen.workflow.partitions import inference_backend, launched_backends, prompt_partition, shard_names
+from eagle3_datagen.workflow.rates import capture_rates, plan_rates
 
 # Rules whose jobs read nothing of the model: the prompts (one rule per partition), the reports, and
 # the demo's model builder (which makes it).
@@ -307,12 +312,15 @@ def _disk_writes(config: dict, jobs: list[Job], results: Path) -> tuple[list[tup
             if job.rule == "hidden_states":
                 for shard in [job.shard] if job.shard else shards:
                     out = results / partition / "hidden" / shard
-                    old = 0 if (out / disk.RELEASED).exists() else disk.existing_bytes(out)
+                    old = 0 if (out / RELEASED).exists() else disk.existing_bytes(out)
                     writes.append((partition, out, max(0, counted.shards // len(shards) - old)))
             elif job.rule == "export":
                 for fmt in [job.format] if job.format else counted.exports:
                     out = results / partition / "export" / fmt
-                    writes.append((partition, out, max(0, counted.exports[fmt] - disk.existing_bytes(out))))
+                    # a kept copy keeps the old export's blocks while the new one is written beside it
+                    kept = (kept_export(results, partition, fmt) / "export.json").is_file()
+                    old = 0 if kept else disk.existing_bytes(out)
+                    writes.append((partition, out, max(0, counted.exports[fmt] - old)))
     return writes, bases
 
 
@@ -344,32 +352,89 @@ def _disk_problems(config: dict, jobs: list[Job], results: Path, environ: Mappin
 
 
 def _released_problems(config: dict, jobs: list[Job], results: Path) -> list[str]:
-    """Scheduled probes and exports that would read shards whose parts were removed (hidden_states.keep_shards:
-    false) while nothing captures them again: the job would fail; say what rerunning it costs."""
-    capturing = {(j.partition, j.shard) for j in jobs if j.rule == "hidden_states"}
+    """Scheduled jobs on shards whose parts were released (hidden_states.keep_shards: false) that need the
+    states: a capture of them (what shapes the states changed, or the tokens are made again), a probe that
+    would measure otherwise than the one its released.json kept, an export its kept copy cannot give (none
+    kept, or the evaluation's holdout chosen again). Each is refused with what capturing again costs. A probe
+    re-judged against new thresholds and an export rebuilt from its kept copy need no state and pass."""
     found = []
-    for job in jobs:
-        if job.rule not in ("probe", "export") or not job.partition:
+    for partition in sorted({j.partition for j in jobs if j.partition}):
+        hidden = results / partition / "hidden"
+        released = {
+            s: read_json(hidden / s / RELEASED)
+            for s in shard_names(config, partition)
+            if (hidden / s / RELEASED).exists()
+        }
+        if not released:
             continue
-        shards = [job.shard] if job.shard else shard_names(config, job.partition)
-        released = [
+        why = []
+        own = [j for j in jobs if j.partition == partition]
+        captured = {s for j in own if j.rule == "hidden_states" for s in ([j.shard] if j.shard else released)}
+        if captured & set(released):
+            why.append(
+                f"the hidden_states jobs of shards {', '.join(sorted(captured & set(released)))} (what shapes "
+                "their states changed: the model, the layers, the tokens, the dtype or storage)"
+            )
+        measured_with = probe_measured_with(config["probe"], config["model"]["path"])
+        probed = {s for j in own if j.rule == "probe" for s in ([j.shard] if j.shard else released)}
+        remeasured = sorted(
             s
-            for s in shards
-            if (results / job.partition / "hidden" / s / disk.RELEASED).exists()
-            and (job.partition, s) not in capturing
-            and (job.partition, None) not in capturing
-        ]
-        if released:
-            what = f"{job.rule} {job.format or ''}".strip()
-            hidden = results / job.partition / "hidden"
+            for s in probed & set(released) - captured
+            if (released[s].get("probe") or {}).get("measured_with") != measured_with
+        )
+        if remeasured:
+            why.append(
+                f"the probes of shards {', '.join(remeasured)} (they would measure otherwise than the probe "
+                f"their released.json kept: {', '.join(PROBE_MEASURING)} or the model changed)"
+            )
+        if not captured:
+            holdout_again = any(j.rule == "evaluate_holdout" for j in jobs)
+            formats = sorted(
+                {
+                    f
+                    for j in own
+                    if j.rule == "export"
+                    for f in ([j.format] if j.format else disk.exported_formats(config, partition))
+                }
+            )
+            unkept = [f for f in formats if not (kept_export(results, partition, f) / "export.json").is_file()]
+            if unkept:
+                why.append(
+                    f"the {', '.join(unkept)} export (no kept copy of it: another format is made from the states)"
+                )
+            if formats and holdout_again:
+                why.append("the exports (the evaluation's held-out prompts are chosen again: the samples may change)")
+        if why:
+            tokens = sum(r["tokens"] for r in released.values())
+            stored = sum(r["bytes"] for r in released.values())
+            capture_rate = _capture_rate(config)
+            hours = (
+                f"{tokens / capture_rate / 3600:,.2f} node-hours at {capture_rate:,.0f} tokens/s"
+                if capture_rate
+                else "node-hours unknown (no plan.throughput.prefill_tokens_per_s)"
+            )
             found.append(
-                f"the {what} job of {job.partition} would read the hidden-state shards {', '.join(released)} of "
-                f"{hidden}, whose parts were removed once the partition's exports were done (hidden_states."
-                "keep_shards: false: the exports are the one copy of the states). Rerunning it means capturing "
-                f"them again on the GPU node (`python scripts/plan.py` counts the hours): delete {hidden} and "
-                "rerun; or leave what changed as it was, so that the exports stay up to date"
+                f"{partition}: {'; '.join(why)} need the hidden states, whose parts were removed once the exports "
+                f"were done (hidden_states.keep_shards: false: the exports are the one copy). Capturing the "
+                f"{len(released)} released shards of {hidden} again costs {tokens:,} tokens, {hours}, "
+                f"{stored / 2**30:,.2f} GiB ({stored:,} bytes) written: delete {hidden} and rerun to pay it; or "
+                "set back what changed (export settings, probe thresholds, the vocabulary and the rules' code "
+                "below capture rerun from the kept copy without it)"
             )
     return found
+
+
+def _capture_rate(config: dict) -> float | None:
+    """The capture's tokens/s as the plan counts it (workflow/rates.py), None without a GPU rate."""
+    try:
+        states = disk.stored_states(config)
+    except FileNotFoundError:
+        return None
+    per_token = storage.shard_bytes_per_token(
+        states.dtype, states.scales, states.scale_block, states.aux_layers, states.hidden_size
+    )
+    rates = capture_rates(config, per_token, plan_rates(config)["prefill_tokens_per_s"]["tokens_per_s"])
+    return rates["tokens_per_s"] if "gpu_tokens_per_s" in rates else None
 
 
 def ledger_problems(

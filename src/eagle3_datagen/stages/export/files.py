@@ -27,6 +27,13 @@ class ExportFiles:
         path.write_bytes(data)
         self._keep(relative, digest(data), len(data))
 
+    def link(self, relative: str, source: Path, checksum: str) -> None:
+        """`source` (a kept copy's file, whose checksum its export.json records) linked in: no byte is copied."""
+        path = self.root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.hardlink_to(source)
+        self._keep(relative, checksum, path.stat().st_size)
+
     def record(self, relative: str) -> None:
         """A file another library wrote (the Arrow dataset: ids and masks only, small)."""
         path = self.root / relative

@@ -188,6 +188,10 @@ class SpecForgeExport:
         }
 
     def finish(self, files: ExportFiles, out_dir: Path, summary: dict) -> dict:
+        """The files beside the rows (`side_files`): SpecForge's rows are all written by `add`."""
+        return self.side_files(files, out_dir, summary)
+
+    def side_files(self, files: ExportFiles, out_dir: Path, summary: dict) -> dict:
         """Write the draft config, vocabulary mapping, train config and README; returns what export.json records."""
         files.write("draft_config.json", (json.dumps(self.draft_config(), indent=2, sort_keys=True) + "\n").encode())
         files.write("specforge.yaml", yaml.safe_dump(self.train_config(out_dir), sort_keys=False).encode())

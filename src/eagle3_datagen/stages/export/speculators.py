@@ -159,8 +159,13 @@ class SpeculatorsExport:
         self._rows[number] = (ids, mask)
 
     def finish(self, files: ExportFiles, out_dir: Path, summary: dict) -> dict:
+        """The Arrow rows of the samples `add` wrote, then the files beside them (`side_files`)."""
         rows = [self._rows[number] for number in range(len(self._rows))]
         _speculators_dataset(files, {"input_ids": [r[0] for r in rows], "loss_mask": [r[1] for r in rows]})
+        return self.side_files(files, out_dir, summary)
+
+    def side_files(self, files: ExportFiles, out_dir: Path, summary: dict) -> dict:
+        """The README with the training command; returns what export.json records."""
         command = speculators_command(
             out_dir,
             self.model_path or "VERIFIER_DIR",
