@@ -60,6 +60,18 @@ def files_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
+def disk_bytes(*paths: Path) -> int:
+    """The bytes the files under `paths` hold on the disk: a file linked twice (an export and its kept copy
+    under hidden/kept, a shard and its .finished copy) counts once."""
+    inodes = {}
+    for path in paths:
+        for p in path.rglob("*") if path.exists() else ():
+            if p.is_file() and not p.is_symlink():
+                stat = p.stat()
+                inodes[(stat.st_dev, stat.st_ino)] = stat.st_size
+    return sum(inodes.values())
+
+
 def measure(work: Path, plan: dict) -> dict:
     rows = {}
     for row in plan["partitions"]:
@@ -67,7 +79,7 @@ def measure(work: Path, plan: dict) -> dict:
         indexes = [json.loads(p.read_text()) for p in sorted(partition.glob("hidden/*/index.json"))]
         shards = sum(i["bytes"] for i in indexes)
         exports = {p.name: files_bytes(p) for p in sorted((partition / "export").iterdir())}
-        end = files_bytes(partition / "hidden") + sum(exports.values())
+        end = disk_bytes(partition / "hidden", partition / "export")
         tokens = sum(i["tokens"] for i in indexes)
         bf16 = tokens * (len(indexes[0]["aux_layers"]) + 1) * indexes[0]["hidden_size"] * 2
         d = row["disk"]

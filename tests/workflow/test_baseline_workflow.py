@@ -68,7 +68,9 @@ def test_a_twin_runs_from_the_demos_prompts_to_its_specforge_export(demo_dir, tm
     # the whole workflow then: the other twins, and every draft trained again beside its baseline; no job of
     # the demo's data, none of this twin's
     jobs = scheduled(snakemake(["-n", *args], work).stdout)
-    assert {(r, p) for r, p in jobs if p and "+" not in p} == {("evaluate", p) for p in DEMO["partitions"]}
+    # the curve's points below the whole too (evaluate.fractions)
+    points = {("evaluate_point", p) for p in DEMO["partitions"] if set(DEMO["evaluate"]["fractions"]) - {1}}
+    assert {(r, p) for r, p in jobs if p and "+" not in p} == {("evaluate", p) for p in DEMO["partitions"]} | points
     assert "demo_alpaca+original" not in {p for _, p in jobs}
 
     snakemake(["results/demo_alpaca/evaluate/acceptance.json", *args], work)

@@ -158,7 +158,7 @@ def rerun_and_compare(work: Path, env: dict, demo_dir: Path, kept: list[str]) ->
     )  # fmt: skip
     assert rerun.returncode == 0, rerun.stdout[-4000:] + rerun.stderr[-4000:]
     captured = re.findall(rf"output: ({HIDDEN}/\d{{5}})\n", rerun.stdout + rerun.stderr)
-    shards = sorted(str(p.relative_to(demo_dir)) for p in (demo_dir / HIDDEN).iterdir())
+    shards = sorted(str(p.relative_to(demo_dir)) for p in (demo_dir / HIDDEN).glob("[0-9]*"))
     assert sorted(captured) == sorted(set(shards) - set(kept))
     assert compared_outputs(work, work, demo_dir) == compared_outputs(demo_dir, demo_dir)
     return time.monotonic() - started
@@ -250,7 +250,7 @@ def slurm_capture_run(demo_dir: Path, work: Path, job_size: dict) -> tuple[dict,
     config = yaml.safe_load((work / "config.yaml").read_text())
     resources = {"jobs": {"hidden_states": job_size, "responses_served": job_size}}
     (work / "slurm.yaml").write_text(yaml.safe_dump({**config, "resources": resources}))
-    targets = [f"{HIDDEN}/{shard.name}" for shard in sorted((demo_dir / HIDDEN).iterdir())]
+    targets = [f"{HIDDEN}/{shard.name}" for shard in sorted((demo_dir / HIDDEN).glob("[0-9]*"))]
     return env, [str(Path(sys.executable).parent / "snakemake"), *targets, *SLURM_ARGS, "--configfile", "slurm.yaml"]
 
 

@@ -26,6 +26,8 @@ from tests.helpers import DEMO_CONSOLE, REPO, copy_workflow, run, scheduled, sna
 pytestmark = pytest.mark.e2e
 
 PARTITIONS = {"demo_sharegpt": 2, "demo_openai": 2, "demo_alpaca": 1}
+# The demo's data curve: a draft per fraction of the samples below the whole (evaluate_point)
+CURVE_POINTS = [f for f in yaml.safe_load((REPO / "config.yaml").read_text())["evaluate"]["fractions"] if f != 1]
 SCHEMA = config_schema.SCHEMA_PATH
 
 
@@ -288,8 +290,9 @@ def test_snakemake_report_builds_from_the_demo_run_with_its_plots(demo_dir, tmp_
         "acceptance length per partition and by draft position",
         "length histograms",
         "outcomes",
-        "cost, throughput and bytes",
+        "throughput and bytes",  # nothing priced: no cost panel
         "probe agreement by position",
+        "acceptance length against training samples",
     }
     for png in images.values():
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -336,6 +339,7 @@ def test_reruns_schedule_only_what_a_change_invalidated(demo_dir, tmp_path):
         "evaluate_vocab",
         "evaluate",
         "evaluate_all",
+        *(("evaluate_point", "evaluate_point_all") if CURVE_POINTS else ()),
     }
 
 
@@ -574,6 +578,7 @@ ALPACA_OUTPUTS = [
     "results/demo_alpaca/export/specforge",
     "results/demo_alpaca/export/speculators",
     "results/demo_alpaca/evaluate/acceptance.json",
+    *(f"results/demo_alpaca/evaluate/curve/{f}.json" for f in CURVE_POINTS),
     "results/report/demo_alpaca.json",
 ]
 
