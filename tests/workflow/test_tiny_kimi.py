@@ -81,9 +81,10 @@ def test_the_plan_reads_the_smoke_runs_rates_and_loads(tiny_kimi_smoke):
         assert rates[key]["tokens_per_s"] > 0 and rates[key]["basis"].startswith("measured by the smoke run")
     smoke_index = json.loads((work / "smoke/results/tiny_chat/hidden/00000/index.json").read_text())
     assert smoke_index["throughput"]["tokens"] > 0
-    # the capture runner's one load (the hf responses load in their jobs: no node service)
-    (seconds,) = measured_loads(work / "logs", "capture_runner", str((work / "results/tiny-kimi/model").resolve()))
-    assert 0 < seconds < 600
+    # the capture runner's loads (the hf responses load in their jobs: no node service): one, or one more where a
+    # partition's tokens came after the idle runner had stopped (hidden_states.runner.idle_timeout; a busy machine)
+    loads = measured_loads(work / "logs", "capture_runner", str((work / "results/tiny-kimi/model").resolve()))
+    assert 1 <= len(loads) <= 2 and all(0 < seconds < 600 for seconds in loads), loads
 
 
 def test_the_layer_check_catches_reversed_auxiliary_layers_and_a_missing_final_norm(tiny_kimi_dir):
