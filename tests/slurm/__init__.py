@@ -66,9 +66,14 @@ def sacct_jobs(*job_ids: str, steps: bool = False) -> list[dict]:
 
 
 def without_timings(value):
-    """A JSON value without wall-clock fields (`seconds`, `..._per_s`): no two runs agree on them."""
+    """A JSON value without wall-clock fields (`seconds`, `..._per_s`) and a shard's `throughput` (the tokens
+    this run captured: none where a stopped run had written every part): no two runs agree on them."""
     if isinstance(value, dict):
-        return {k: without_timings(v) for k, v in value.items() if k != "seconds" and not k.endswith("_per_s")}
+        return {
+            k: without_timings(v)
+            for k, v in value.items()
+            if k not in ("seconds", "throughput") and not k.endswith("_per_s")
+        }
     if isinstance(value, list):
         return [without_timings(v) for v in value]
     return value
