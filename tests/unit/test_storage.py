@@ -5,6 +5,8 @@ the capture's writer threads, and the jobs' resources derived from their bytes."
 import gzip
 import json
 import math
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -102,6 +104,27 @@ def test_released_shards_keep_their_index_and_refuse_readers_with_the_fix(tmp_pa
     assert f"delete {shard_dir} and rerun snakemake" in str(e.value) and "keep_shards: true" in str(e.value)
     assert release_parts(shard_dir, ["again"]) == 0  # again: nothing left to free, the first record stays
     assert json.loads((shard_dir / "released.json").read_text()) == record
+
+
+def test_the_partitions_release_record_keeps_the_bytes_its_first_release_freed(tmp_path, raw_capture):
+    """scripts/release_hidden.py as the release_hidden rule runs it, then again as a rerun after an export
+    was rebuilt from the kept copy: the rerun frees nothing, and its record still says what the release freed."""
+    shards = [tmp_path / f"p/hidden/{i:05d}" for i in range(2)]
+    indexes = [capture_shard(make_samples(6, seed=i), shard, raw_capture, SETTINGS) for i, shard in enumerate(shards)]
+    out = tmp_path / "p/hidden/released.json"
+    (tmp_path / "p/probe").mkdir()
+    (tmp_path / "p/probe/00000.json").write_text('{"passed": true}')  # kept in shard 00000's released.json
+    release = [sys.executable, str(REPO / "scripts/release_hidden.py"), "--hidden", *map(str, shards)]
+    release += ["--after", str(tmp_path / "p/probe/00000.json"), "--out", str(out)]
+    total = sum(index["bytes"] for index in indexes)
+    subprocess.run(release, check=True, capture_output=True)
+    first = json.loads(out.read_text())
+    assert first["bytes_freed"] == first["bytes_released"] == total > 0
+    subprocess.run(release, check=True, capture_output=True)
+    again = json.loads(out.read_text())
+    assert again["bytes_freed"] == 0 and again["bytes_released"] == total
+    assert again["shards"] == {str(shard): 0 for shard in shards}
+    assert json.loads((shards[0] / "released.json").read_text())["probe"] == {"passed": True}
 
 
 def test_exports_written_on_several_threads_are_the_bytes_of_one(tmp_path, raw_capture, tiny_model_dir):
