@@ -4,7 +4,6 @@
 import logging
 
 from eagle3_datagen import cli
-from eagle3_datagen.chat.template import TemplateError
 from eagle3_datagen.formats.holdout import read_holdout
 from eagle3_datagen.stages.vocab import run_vocab
 
@@ -26,4 +25,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main, (TemplateError,))
+    cli.run(main)

@@ -10,8 +10,9 @@ the draft vocabulary byte for byte (less the working directory the exports' READ
 name, and those files' checksums); each shard's index.json and probe report without their wall-clock
 fields (`without_timings`: throughput and seconds differ between any two runs). results/report (the
 summaries, with timings) is not compared, nor are the evaluate stage's drafts: the local rerun leaves
-out the evaluate jobs and the summary page that reads them (`--omit-from`), which would train a draft
-for the partition and one for all partitions again, most of a rerun's time. The SLURM tests run the
+out the evaluate jobs, the data curve's points and the summary page that reads them (`--omit-from`),
+which would train drafts for the partition and for all partitions again (two more for each point), most
+of a rerun's time. The SLURM tests run the
 hidden-state shards only and compare those.
 """
 
@@ -36,8 +37,9 @@ pytestmark = pytest.mark.e2e
 
 PARTITION = "demo_sharegpt"
 HIDDEN = f"results/{PARTITION}/hidden"
-# The rules whose outputs no comparison reads (the drafts the evaluate stage trains), left out of reruns.
-UNCOMPARED = ["evaluate", "evaluate_all"]
+# The rules whose outputs no comparison reads (the drafts the evaluate stage trains, the data curve's among
+# them), left out of reruns.
+UNCOMPARED = ["evaluate", "evaluate_all", "evaluate_point", "evaluate_point_all"]
 
 
 def stoppable_copy(demo_dir: Path, work: Path) -> dict:

@@ -248,7 +248,9 @@ def test_demo_holds_prompts_out_of_every_export_and_measures_a_draft_on_them(dem
 def test_acceptance_below_the_minimum_fails_the_run_naming_it_and_keeps_the_data(demo_dir, tmp_path):
     """The quick fail through Snakemake, in a copy of the finished demo: a minimum just above what every
     partition's draft reached fails the first evaluate job to finish, naming its partition and value;
-    the hidden states and exports stay as they were."""
+    the hidden states and exports stay as they were. The data curve's points, which the new minimum
+    reruns too but which no minimum applies to, are left out (`--omit-from`): each would train a draft
+    before or beside the evaluate jobs."""
     work = tmp_path / "wf"
     shutil.copytree(demo_dir, work, symlinks=True)
     reached = {
@@ -261,7 +263,8 @@ def test_acceptance_below_the_minimum_fails_the_run_naming_it_and_keeps_the_data
     (work / "strict.yaml").write_text(yaml.safe_dump(config))
     data = sorted(p for p in (work / "results").rglob("*") if "/hidden/" in str(p) or "/export/" in str(p))
     before = {p: p.stat().st_mtime_ns for p in data if p.is_file()}
-    proc = snakemake(["--profile", "profiles/local", "--configfile", "strict.yaml"], work, check=False)
+    omit_points = ["--omit-from", "evaluate_point", "evaluate_point_all"]
+    proc = snakemake(["--profile", "profiles/local", "--configfile", "strict.yaml", *omit_points], work, check=False)
     assert proc.returncode != 0
     below = r"partition (\w+): acceptance length ([\d.]+) is below evaluate.min_acceptance_length"
     named = re.search(below, proc.stderr)
@@ -494,9 +497,10 @@ def test_bad_config_fails_before_any_job_naming_each_key(production_dir, tmp_pat
 
 
 def test_openrouter_key_never_reaches_the_work_dir(demo_dir, tmp_path, monkeypatch):
-    """A run whose demo_alpaca responses come from OpenRouter, less the evaluate jobs and the summary page
-    that reads them (`--omit-from`): they train drafts with SpecForge and hold the key no more than every
-    other job does (in the environment); the files they would write stay the demo's, scanned as well."""
+    """A run whose demo_alpaca responses come from OpenRouter, less the evaluate jobs (the data curve's points
+    too) and the summary page that reads them (`--omit-from`): they train drafts with SpecForge and hold the
+    key no more than every other job does (in the environment); the files they would write stay the demo's,
+    scanned as well."""
     work = tmp_path / "wf"
     shutil.copytree(demo_dir, work, symlinks=True)
     marker = "sk-or-v1-MARKER-3d5e0c1b9f"
@@ -515,7 +519,7 @@ def test_openrouter_key_never_reaches_the_work_dir(demo_dir, tmp_path, monkeypat
         # from the states before them than from their neighbours): the probe's floor would stop the run.
         config["probe"]["min_aligned_best_share"] = 0.0
         (work / "openrouter.yaml").write_text(yaml.safe_dump(config))
-        omit_drafts = ["--omit-from", "evaluate", "evaluate_all"]
+        omit_drafts = ["--omit-from", "evaluate", "evaluate_all", "evaluate_point", "evaluate_point_all"]
         snakemake(["--profile", "profiles/local", "--configfile", "openrouter.yaml", *omit_drafts], work)
     rows = read_jsonl(work / "results/demo_alpaca/responses/00000.jsonl.zst")
     assert {r["backend"] for r in rows} == {"openrouter"}

@@ -12,11 +12,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import NamedTuple, Protocol
-
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from eagle3_datagen.config_schema import fill_defaults
+
+# transformers (and the torch it imports, seconds of CPU) where a tokenizer is loaded: the jobs that import
+# the chat modules without one (export, release) start without it.
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class FamilyRendering(Protocol):
@@ -64,6 +67,8 @@ class SpecialTokens:
 
 
 def load_tokenizer(model_path: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(
         str(model_path), trust_remote_code=trust_remote_code, local_files_only=True
     )
@@ -81,6 +86,8 @@ def as_its_file_says(tokenizer: PreTrainedTokenizerBase, model_path: str | Path)
     pins) load DeepSeek-V3.1's byte-level tokenizer.json, whose config names `LlamaTokenizerFast`, as a
     sentencepiece `LlamaTokenizer` that drops spaces ("Hello world" -> other IDs); 5.23 loads it as the file
     says. A model-specific class whose encoding differs from the file's is replaced by the file's own."""
+    from transformers import PreTrainedTokenizerFast
+
     file = Path(model_path) / "tokenizer.json"
     if not tokenizer.is_fast or type(tokenizer) is PreTrainedTokenizerFast or not file.is_file():
         return tokenizer
@@ -215,6 +222,8 @@ def tools_rendering(tokenizer: PreTrainedTokenizerBase, template_kwargs: dict | 
     `tools_ts_str`), `template` when the template renders the `tools` list itself (K2.5's
     template then falls back to compact JSON), `ignored` when nobody does (DeepSeek-V3.1's template:
     the declarations belong in the system prompt)."""
+    from transformers import PreTrainedTokenizerBase
+
     messages = template_messages([{"role": "user", "content": PROBE_USER}])
     kwargs = {"tokenize": False, "add_generation_prompt": True, **(template_kwargs or {})}
     own = tokenizer.apply_chat_template(messages, tools=PROBE_TOOLS, **kwargs)

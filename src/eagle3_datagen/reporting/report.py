@@ -10,8 +10,8 @@ import jinja2
 
 from eagle3_datagen.chat.gates import GATES, UNUSABLE, pooled
 from eagle3_datagen.formats.files import iter_jsonl, read_json, write_json
-from eagle3_datagen.formats.hidden_codec import Codec
 from eagle3_datagen.formats.histograms import merge
+from eagle3_datagen.formats.storage import shard_bytes_per_token
 from eagle3_datagen.reporting import curve
 from eagle3_datagen.reporting import plots as report_plots
 
@@ -127,8 +127,11 @@ def storage_summary(indexes: list[dict]) -> dict:
         return {}
     tokens = sum(i["tokens"] for i in indexes)
     on_disk = sum(i["bytes"] for i in indexes)
-    plain_bf16 = Codec.from_index({"dtype": "bfloat16"})
-    bf16 = sum(i["tokens"] * plain_bf16.bytes_per_token(len(i["aux_layers"]), i["hidden_size"]) for i in indexes)
+    # the storage module's arithmetic, not the codec's: the summary jobs then never import torch
+    bf16 = sum(
+        i["tokens"] * shard_bytes_per_token("bfloat16", "token", 0, len(i["aux_layers"]), i["hidden_size"])
+        for i in indexes
+    )
     first = indexes[0]
     return {
         "dtype": first["dtype"],

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from eagle3_datagen.chat.families import deepseek, gpt_oss, kimi, llama, qwen3  # noqa: F401  (they register)
 from eagle3_datagen.chat.families.base import (
@@ -26,6 +25,9 @@ from eagle3_datagen.chat.template import (
     pin_template_date,
     resolve_special_tokens,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["FAMILIES", "Family", "TargetChat", "family_for_model_type", "load_chat", "resolve_family"]
 
