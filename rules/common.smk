@@ -274,6 +274,7 @@ EVALUATE_OUTPUTS = (
 )
 # The data curve's points below the whole (evaluate.fractions): a draft each, per partition and over all.
 CURVE_FRACTIONS = wf.curve_fractions(config)
+CURVE_POINT_SETTINGS = wf.curve_point_settings(config)
 CURVE_OUTPUTS = [
     path.replace("acceptance.json", f"curve/{fraction}.json")
     for path in EVALUATE_OUTPUTS

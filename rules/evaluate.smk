@@ -79,7 +79,8 @@ use rule evaluate as evaluate_all with:
 
 
 # The data curve (evaluate.fractions): the same drafts trained on a nested fraction of the samples, measured on
-# the same held-out prompts with the same vocabulary; one job per point, so adding a fraction runs only it.
+# the same held-out prompts with the same vocabulary; one job per point, so adding a fraction runs only it. No
+# quick fail applies to a point, so evaluate.min_acceptance_length is not in its settings (it reruns none).
 rule evaluate_point:
     input:
         export="results/{partition}/export/specforge",
@@ -102,7 +103,7 @@ rule evaluate_point:
         gpu=EVALUATE_GPUS,
     params:
         name=lambda wildcards: wildcards.partition,
-        settings=wf.as_json(EVALUATE_SETTINGS),
+        settings=wf.as_json(CURVE_POINT_SETTINGS),
     shell:
         logged(
             f"${wf.SPECFORGE_PYTHON_ENV} scripts/evaluate.py --partition {{params.name}} "
@@ -127,5 +128,5 @@ use rule evaluate_point as evaluate_point_all with:
         "benchmarks/evaluate/curve/{fraction}.tsv"
     params:
         name="all",
-        settings=wf.as_json(EVALUATE_SETTINGS),
+        settings=wf.as_json(CURVE_POINT_SETTINGS),
         partitions=PARTITION_SET,

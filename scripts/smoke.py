@@ -7,7 +7,8 @@ Prints its steps, the model loads of each and their estimated minutes (the plan'
 seconds), then runs and times them, each said to PASS, FAIL or SKIP (with why), each GPU step in a
 process of its own once the GPUs' memory is free: the GPU check (SGLang against hf on your model, at
 resources.gpus_per_node ranks); the workflow on one shard of at most --prompts prompts of one partition
-per backend, greedy, in smoke/ (the week's results are untouched); the probe (top-1 agreement at least
+per backend, greedy, without baseline twins (--baseline keeps yours), in smoke/ (the week's results are
+untouched); the probe (top-1 agreement at least
 0.98 on greedy data); the auxiliary layers and final slot of --samples samples against every layer the
 capture runner's hooks recorded (reversed layers, a layer one off, a missing final norm; no second
 model load); a small SpecForge draft served with SGLang's EAGLE3 on a GPU node (on a CPU, the evaluate
@@ -41,12 +42,18 @@ def main() -> None:
     p.add_argument("--partitions", nargs="+", help="the partitions to run (default: the first of each backend)")
     p.add_argument("--samples", type=int, default=4, help="samples a shard whose layers are checked (default: 4)")
     p.add_argument("--work", default="smoke", help="the smoke run's directory (default: smoke; emptied first)")
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="keep your evaluate.baseline (its twins on the dataset's own responses, a second draft per evaluation)",
+    )
     args = p.parse_args()
     root = Path.cwd()
     if not (root / "Snakefile").exists():
         p.error("run it from the workflow directory (where the Snakefile is)")
     config = fill_defaults(yaml.safe_load(Path(args.configfile).read_text()))
-    smoke = smoke_config(config, smoke_partitions(config, args.partitions), args.prompts, args.samples, root)
+    partitions = smoke_partitions(config, args.partitions)
+    smoke = smoke_config(config, partitions, args.prompts, args.samples, root, args.baseline)
     work = (root / args.work).resolve()
     prepare(work, root, smoke)
     profile = str(root / args.profile) if (root / args.profile).exists() else args.profile

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from eagle3_datagen.reporting.curve import (
+    baseline_words,
     curve_line,
     data_price,
     fit_curve,
@@ -99,6 +100,25 @@ def test_the_price_of_more_data_is_the_plans_per_prompt_or_what_the_run_measured
         "+0.500 per doubling of the samples [+0.500, +0.500]; at 2x: 3.000 [2.850, 3.100] for "
         "16 more samples: $1.60, 0.16 node-h, 152.59 MiB"
     )
+
+
+def test_the_baselines_curve_is_said_after_the_regenerated_one_with_the_slopes_difference():
+    """The drafts on the dataset's own responses (evaluate.baseline: original) at the same sizes: their
+    curve in the console's line and the verdict's words, and how much more a doubling gives regenerated."""
+    regenerated, original = curve([15, 20, 25]), curve([12, 13, 14])
+    fit, baseline = fit_curve(regenerated, reps=50), fit_curve(original, reps=50)
+    difference = slope_difference(regenerated, original, reps=50)
+    words = baseline_words(baseline, difference)
+    assert words == (
+        "original responses 1.400 at 16 samples, +0.100 per doubling [+0.100, +0.100], "
+        "regenerated minus original +0.400 per doubling [+0.400, +0.400]"
+    )
+    prices = [data_price(16, k, {"usd": None, "node_hours": None, "bytes": None}) for k in (2, 4)]
+    line = curve_line("chat", fit, prices, baseline, difference)
+    assert line.startswith("chat: acceptance length 2.500 at 16 samples, +0.500 per doubling") and line.endswith(
+        f"for 48 more samples: no priced backend, no node-hours rate, - bytes; {words}"
+    )
+    assert curve_line("chat", fit, prices) == line.removesuffix(f"; {words}")
 
 
 def test_the_points_come_from_the_drafts_figures_and_their_baselines():

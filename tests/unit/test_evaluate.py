@@ -113,6 +113,9 @@ def test_the_plan_counts_the_evaluations_training_steps_decoded_tokens_and_node_
         "recapture": [],
     }
     assert "| evaluate | 3 (0) | 6,000 |" in format_plan(plan)
+    # the curve's cost in the printed plan: its drafts among all, and the minutes they take at the measured rate
+    line = next(x for x in format_plan({**plan, "evaluation": timed}).splitlines() if x.startswith("| evaluate |"))
+    assert line.startswith("| evaluate | 12 (6) | 24,000 |") and line.endswith(" | 9.00 (0.75) |"), line
 
 
 def test_the_gpu_paths_launch_flags_and_acceptance_from_sglangs_meta_info():

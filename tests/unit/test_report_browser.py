@@ -96,6 +96,10 @@ def test_the_summary_page_fits_a_1366_px_window_in_a_real_browser(tmp_path):
     # the verdicts, the curve's plot and its table; every number folded away
     assert page.count("<section class='verdict'>") == 3 and "How much data is enough" in page
     assert "<details><summary><b>All numbers</b></summary>" in page
+    # hermes's card alone has the curve of the drafts on the dataset's own responses (the only baseline here)
+    hermes = next(c for c in curves if c["partition"] == "hermes")
+    assert [c["baseline_brief"] is None for c in curves] == [True, False, True]
+    assert page.count("<dt>more data, the dataset's own responses</dt>") == 1 and hermes["baseline_brief"] in page
 
     scroll, inner = laid_out_widths(page, tmp_path / "summary.html")
     assert inner == WIDTH and scroll <= inner, f"the page scrolls sideways: {scroll} px wide in a {inner} px window"

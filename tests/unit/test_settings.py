@@ -389,6 +389,12 @@ def test_changing_an_output_key_schedules_its_stage_and_what_depends_on_it(cover
             "evaluate_point_all",
         }, added
         return
+    if key == "evaluate.min_acceptance_length":
+        # the quick fail applies to the whole's drafts alone: they rerun, no point of the data curve does
+        evaluated = {(r, p) for r, p in jobs if r.startswith("evaluate")}
+        assert evaluated == {("evaluate", p) for p in config["partitions"]} | {("evaluate_all", "")}, jobs
+        assert {r for r, _ in jobs} - SUMMARIES == {"evaluate", "evaluate_all"}, jobs
+        return
     stage, partitions = scope(key)
     # one stage, two rules: the shard jobs of launched-server partitions are responses_served
     named = {"responses_served": "responses"}

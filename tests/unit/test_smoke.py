@@ -43,6 +43,10 @@ def test_every_backends_sampling_is_greedy_in_the_smoke_config(tmp_path):
     assert config["inference"]["hf"]["sampling"]["temperature"] == 1.0  # the user's config is left alone
     assert smoke["partitions"]["tiny_chat"]["max_prompts"] == 5
     assert smoke["hidden_states"]["layer_check_samples"] == 3 and smoke["hidden_states"]["keep_shards"]
+    # no baseline twins, unless asked (--baseline): then the config's own, the data curve's fractions with it
+    assert (config["evaluate"]["baseline"], smoke["evaluate"]["baseline"]) == ("original", "none")
+    kept = smoke_config(config, ["tiny_chat"], 5, 3, tmp_path, baseline=True)["evaluate"]
+    assert (kept["baseline"], kept["fractions"]) == ("original", [0.5, 1.0])
 
 
 def test_the_announced_steps_count_the_model_loads_and_minutes_from_the_plans_rates(tmp_path):

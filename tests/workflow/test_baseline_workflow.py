@@ -1,6 +1,7 @@
 """A baseline twin (`evaluate.baseline: original`) run end to end on the finished demo: demo_alpaca's prompts
 answered by the dataset's own turns, through tokens and hidden states to the SpecForge export, and
-demo_alpaca's draft measured beside the same draft trained on it."""
+demo_alpaca's draft measured beside the same draft trained on it; then the demo as it ships, every data
+curve beside its baseline's in the report."""
 
 import json
 import shutil
@@ -11,6 +12,7 @@ import yaml
 
 from eagle3_datagen.formats.files import read_jsonl
 from tests.helpers import REPO, scheduled, snakemake
+from tests.helpers.curves import curves_beside_baselines
 
 pytestmark = pytest.mark.e2e
 DEMO = yaml.safe_load((REPO / "config.yaml").read_text())
@@ -20,7 +22,8 @@ def test_a_twin_runs_from_the_demos_prompts_to_its_specforge_export(demo_dir, tm
     """The finished demo (copied, so its other tests see it as it was; the shared run leaves the baseline
     out) with the demo's shipped config, baseline on: demo_alpaca's twin runs its four jobs on the dataset's
     own answers; then only the drafts rerun, beside their baselines: demo_alpaca's is measured against its
-    twin's on the same held-out prompts."""
+    twin's on the same held-out prompts, and every data curve (evaluate.fractions) has the baseline's beside
+    it in the report."""
     work = tmp_path / "wf"
     shutil.copytree(demo_dir, work, symlinks=True)
     assert DEMO["evaluate"]["baseline"] == "original"
@@ -73,7 +76,8 @@ def test_a_twin_runs_from_the_demos_prompts_to_its_specforge_export(demo_dir, tm
     assert {(r, p) for r, p in jobs if p and "+" not in p} == {("evaluate", p) for p in DEMO["partitions"]} | points
     assert "demo_alpaca+original" not in {p for _, p in jobs}
 
-    snakemake(["results/demo_alpaca/evaluate/acceptance.json", *args], work)
+    # the rest of the demo as it ships: the other twins, every draft beside its baseline's, the report
+    run = snakemake(args, work)
     figures = json.loads((work / "results/demo_alpaca/evaluate/acceptance.json").read_text())
     assert figures["prompts"] == theirs_export["held_out"] and 1.0 <= figures["acceptance_length"] <= 4.0
     baseline = figures["baseline"]
@@ -84,3 +88,8 @@ def test_a_twin_runs_from_the_demos_prompts_to_its_specforge_export(demo_dir, tm
     low, high = baseline["difference_interval_95"]
     assert -3.0 <= low <= baseline["difference"] <= high <= 3.0  # the paired bootstrap's interval
     assert [p["id"] for p in baseline["per_prompt"]] == [p["id"] for p in figures["per_prompt"]]
+    # each data curve and the baseline's beside it, per partition and for the mix: its drafts' figures in
+    # curves.json, the report's verdicts, table and plot, and the console's line
+    names = [*DEMO["partitions"], "all"]
+    curves = curves_beside_baselines(work, names, DEMO["evaluate"]["fractions"], run.stdout + run.stderr)
+    print("\n" + "\n".join(c["line"] for c in curves.values()))

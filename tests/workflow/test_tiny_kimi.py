@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
+import yaml
 from safetensors import safe_open
 
 from eagle3_datagen.diagnostics import layer_check
@@ -16,6 +17,7 @@ from eagle3_datagen.formats.hidden_shard import HiddenShard, layer_tap_path
 from eagle3_datagen.reporting.plan import measured_loads, plan_rates
 from eagle3_datagen.stages.tokens import loss_spans
 from tests.helpers import KIMI_FILES, REPO, copy_workflow, run
+from tests.helpers.curves import curves_beside_baselines
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +34,8 @@ def tiny_kimi_smoke(tmp_path_factory):
     output and how long it took."""
     work = copy_workflow(tmp_path_factory.mktemp("tiny-kimi") / "wf")
     command = [sys.executable, "scripts/smoke.py", "--configfile", "config/tiny-kimi.yaml"]
-    command += ["--profile", "profiles/local", "--partitions", *PARTITIONS]
+    # --baseline: the config's twins on the dataset's own responses, so the data curve has the baseline's beside it
+    command += ["--profile", "profiles/local", "--partitions", *PARTITIONS, "--baseline"]
     started = time.monotonic()
     proc = run(command, work)
     return {"work": work, "out": proc.stdout, "seconds": time.monotonic() - started}
@@ -226,6 +229,16 @@ def test_hidden_states_probe_and_exports_on_the_kimi_architecture(tiny_kimi_dir)
     assert d2t.shape == (256,) and t2d.shape == (163840,) and t2d.sum() == 256
     assert (np.arange(256) + d2t).tolist() == np.flatnonzero(t2d).tolist()
     assert t2d[163586] and t2d[163607]  # <|im_end|> and </think> are drafted
+
+
+def test_the_report_shows_each_data_curve_beside_the_baselines(tiny_kimi_dir):
+    """evaluate.fractions [0.5, 1.0] with the baseline kept: every partition's and the mix's drafts at half and
+    all of the samples, and the same drafts on the dataset's own responses, in curves.json, the report's
+    verdicts, table and plot, and on the console (the workflow's log)."""
+    fractions = yaml.safe_load((REPO / "config/tiny-kimi.yaml").read_text())["evaluate"]["fractions"]
+    console = (tiny_kimi_dir / "workflow.log").read_text()
+    curves = curves_beside_baselines(tiny_kimi_dir, [*PARTITIONS, "all"], fractions, console)
+    print("\n" + "\n".join(c["line"] for c in curves.values()))
 
 
 def test_hidden_states_equal_a_direct_transformers_forward(tiny_kimi_dir):

@@ -13,7 +13,8 @@ node's services use); the smoke process itself never loads the model:
    engine loads; skipped without GPUs or without SGLang in the config.
 2. **Workflow**: the real workflow through the user's profile on a smoke config made from theirs: one
    partition per backend (or those named), one shard of at most `prompts` prompts each, greedy decoding
-   (every backend's sampling, so that the probe's 0.98 applies), no baseline twins, the capture runner
+   (every backend's sampling, so that the probe's 0.98 applies), no baseline twins (unless `baseline`: the
+   config's `evaluate.baseline` kept, its twins and the data curve's drafts on them), the capture runner
    recording every layer of `samples` samples a shard (`hidden_states.layer_check_samples`); in a
    working directory of its own (`smoke/`: links to the workflow's files, its own results, logs and
    Snakemake records), so the week's results are untouched.
@@ -237,9 +238,12 @@ def _absolute(value: str | None, root: Path) -> str | None:
     return str(root / value)
 
 
-def smoke_config(config: dict, partitions: list[str], prompts: int, samples: int, root: Path) -> dict:
+def smoke_config(
+    config: dict, partitions: list[str], prompts: int, samples: int, root: Path, baseline: bool = False
+) -> dict:
     """The user's config, narrowed to a smoke run (see the module's docstring), its paths resolved from `root`;
-    the capture runner records every layer of `samples` samples a shard."""
+    the capture runner records every layer of `samples` samples a shard; the config's `evaluate.baseline`
+    kept with `baseline`, else none (its twins double the evaluate stage's trainings)."""
     smoke = copy.deepcopy(config)
     smoke["partitions"] = {}
     for name in partitions:
@@ -264,7 +268,11 @@ def smoke_config(config: dict, partitions: list[str], prompts: int, samples: int
     if (smoke.get("plan") or {}).get("tokenizer"):
         smoke["plan"]["tokenizer"] = _absolute(smoke["plan"]["tokenizer"], root)
     evaluate = fill_defaults(dict(smoke.get("evaluate") or {}), "evaluate")
-    smoke["evaluate"] = {**evaluate, "baseline": "none", "python": _absolute(evaluate["python"], root)}
+    smoke["evaluate"] = {
+        **evaluate,
+        "baseline": evaluate["baseline"] if baseline else "none",
+        "python": _absolute(evaluate["python"], root),
+    }
     return smoke
 
 

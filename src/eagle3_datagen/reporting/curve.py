@@ -177,8 +177,11 @@ def per_sample_price(plan_rows: Sequence[Mapping], summaries: Sequence[Mapping])
     }
 
 
-def curve_line(name: str, curve: dict, prices: Sequence[dict], baseline: dict | None = None) -> str:
-    """The curve said in one line (the console's and the report's)."""
+def curve_line(
+    name: str, curve: dict, prices: Sequence[dict], baseline: dict | None = None, difference: dict | None = None
+) -> str:
+    """The curve said in one line (the console's and the report's), the baseline's after it where the run
+    had one (`baseline_words`)."""
     last = curve["points"][-1]
     slope_low, slope_high = curve["gain_per_doubling_interval_95"]
     parts = [
@@ -197,8 +200,24 @@ def curve_line(name: str, curve: dict, prices: Sequence[dict], baseline: dict | 
             f"{ahead['factor']}x: {ahead['acceptance_length']:.3f} [{low:.3f}, {high:.3f}] for {price_words(price)}"
         )
     if baseline:
-        parts.append(f"original responses {baseline['gain_per_doubling']:+.3f} per doubling")
+        parts.append(baseline_words(baseline, difference))
     return "; ".join(parts)
+
+
+def baseline_words(baseline: dict, difference: dict | None = None) -> str:
+    """The baseline's curve (the same drafts trained on the dataset's own responses of the same prompts) in
+    words: its largest draft, its gain per doubling, and the regenerated curve's gain per doubling minus
+    its (`slope_difference`): what regenerating the data pays as the data grows."""
+    last = baseline["points"][-1]
+    low, high = baseline["gain_per_doubling_interval_95"]
+    words = (
+        f"original responses {last['acceptance_length']:.3f} at {last['samples']} samples, "
+        f"{baseline['gain_per_doubling']:+.3f} per doubling [{low:+.3f}, {high:+.3f}]"
+    )
+    if difference:
+        low, high = difference["interval_95"]
+        words += f", regenerated minus original {difference['difference']:+.3f} per doubling [{low:+.3f}, {high:+.3f}]"
+    return words
 
 
 def verdict_words(curve: dict, prices: Sequence[dict]) -> str:

@@ -263,4 +263,5 @@ def curve_figure(curves: list[dict]) -> Plot:
     ax.set_xlabel("training samples (log2; dashed: the fit carried to 2x and 4x)")
     ax.set_ylabel("acceptance length")
     _label(ax, "acceptance length against training samples (95% intervals)")
-    return _img(fig, "acceptance length against training samples")
+    # the alt text names each curve drawn, as the legend does
+    return _img(fig, "acceptance length against training samples: " + "; ".join(ax.get_legend_handles_labels()[1]))

@@ -249,6 +249,7 @@ def verdict(summary: dict, evaluation: dict | None, curve: dict | None) -> dict:
         "aligned": "; ".join(aligned) or "not probed",
         "acceptance": acceptance,
         "curve": curve["brief"] if curve else None,
+        "baseline_curve": curve["baseline_brief"] if curve else None,
         "cost": ", ".join(spent),
     }
 
@@ -281,12 +282,11 @@ def data_curves(
         fit = curve.fit_curve(curve.points_of(drafts), seed=settings["seed"], ceiling=ceiling)
         if fit is None:
             continue
-        with_baseline = all(d.get("baseline") for d in drafts)
-        baseline = (
-            curve.fit_curve(curve.points_of(drafts, baseline=True), seed=settings["seed"], ceiling=ceiling)
-            if with_baseline
-            else None
-        )
+        baseline = difference = None
+        if all(d.get("baseline") for d in drafts):
+            original = curve.points_of(drafts, baseline=True)
+            baseline = curve.fit_curve(original, seed=settings["seed"], ceiling=ceiling)
+            difference = curve.slope_difference(curve.points_of(drafts), original, seed=settings["seed"])
         parts = [named[p] for p in named if name in ("all", p)]
         per_sample = curve.per_sample_price(
             [plan_rows[p["partition"]] for p in parts if p["partition"] in plan_rows], parts
@@ -298,10 +298,13 @@ def data_curves(
                 "partition": name,
                 "curve": fit,
                 "baseline": baseline,
+                # the regenerated curve's gain per doubling minus the baseline's (paired bootstrap)
+                "baseline_difference": difference,
                 "prices": prices,
                 "price_basis": per_sample["basis"],
-                "line": curve.curve_line(name, fit, prices, baseline),
+                "line": curve.curve_line(name, fit, prices, baseline, difference),
                 "brief": curve.verdict_words(fit, prices),
+                "baseline_brief": curve.baseline_words(baseline, difference) if baseline else None,
             }
         )
     return out
@@ -319,7 +322,8 @@ def curve_section(curves: list[dict]) -> dict | None:
                 f"{a['acceptance_length']:.3f} {_interval(a['interval_95'])} for {curve.price_words(p)}"
                 for a, p in zip(c["curve"]["extrapolated"], c["prices"], strict=True)
             ),
-            f"{b['gain_per_doubling']:+.3f} {_interval(b['gain_per_doubling_interval_95'])}"
+            ", ".join(f"{p['samples']}: {p['acceptance_length']:.3f}" for p in b["points"])
+            + f"; {b['gain_per_doubling']:+.3f} {_interval(b['gain_per_doubling_interval_95'])}"
             if (b := c["baseline"])
             else "-",
         ]

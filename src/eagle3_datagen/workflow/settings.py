@@ -205,6 +205,15 @@ def evaluate_settings(config: dict) -> dict:
     return settings
 
 
+def curve_point_settings(config: dict) -> dict:
+    """What shapes a point of the data curve: `evaluate_settings` but the quick fail's
+    `min_acceptance_length`, which no point applies (a small fraction's draft may well fall below it), so
+    changing it reruns the whole's drafts alone."""
+    settings = evaluate_settings(config)
+    settings.pop("min_acceptance_length", None)
+    return settings
+
+
 def curve_fractions(config: dict) -> list[float]:
     """The data curve's fractions below 1 (`evaluate.fractions`; 1 is the evaluate job's draft), each once,
     ascending; [] without the stage."""
