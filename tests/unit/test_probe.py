@@ -20,6 +20,7 @@ from eagle3_datagen.stages.probe import LMHead, ProbeFailure, run_probe
 from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
 from eagle3_datagen.stages.tokens import build_samples
 from tests.helpers import defaults, probe_settings, tiny_qwen3, token_settings
+from tests.helpers.captures import OffByOneCapture, ReversedAuxCapture
 
 THINKING_OFF = defaults("model", chat_template_kwargs={"enable_thinking": False})
 THINKING_ON = defaults("model", chat_template_kwargs={"enable_thinking": True})
@@ -62,21 +63,6 @@ def samples_for(rows, model_dir, model_settings=THINKING_OFF):
     gates = {"truncated": False, "reasoning_missing": False}
     samples, _ = build_samples(rows, model_dir, model_settings, token_settings(gates=gates))
     return samples
-
-
-class OffByOneCapture(HFCapture):
-    """Final states one token early: row j holds the state of row j + 1, as a capture that drops a row writes."""
-
-    def __call__(self, batch):
-        return [(aux, torch.cat([final[1:], final[-1:]])) for aux, final in super().__call__(batch)]
-
-
-class ReversedAuxCapture(HFCapture):
-    """The auxiliary layers stored in reverse order (5, 4, 2 where index.json names 2, 4, 5)."""
-
-    def __call__(self, batch):
-        n = len(self.aux_layers)
-        return [(torch.cat(aux.chunk(n, dim=-1)[::-1], dim=-1), final) for aux, final in super().__call__(batch)]
 
 
 def shard(tmp_path, name, samples, model_dir, final="normed", final_layer=None, storage=None, capture_class=HFCapture):
