@@ -228,3 +228,20 @@ def test_the_capture_runner_on_gpus_waits_for_their_memory_as_the_server_does(tm
     settings["hidden_states"] = {**settings["hidden_states"], "backend": "sglang"}
     service = runner_service(settings, 4, "scripts/capture_runner.py")
     assert (service.gpus, service.handover, service.command[0]) == (8, handover, "torchrun")
+
+
+def test_the_capture_runner_runs_in_the_interpreter_hidden_states_runner_python_names(tmp_path):
+    """Absent, the job's own interpreter (torchrun for SGLang's ranks); given, that interpreter, torchrun's
+    module in it for a tensor-parallel backend."""
+    from eagle3_datagen.stages.hidden.runner import runner_service
+
+    python = ".venv-vllm/bin/python"
+    settings = runner_job_settings(tmp_path)
+    assert runner_service(settings, 2, "runner.py").command[:2] == [sys.executable, "runner.py"]
+    given = {**settings["hidden_states"]["runner"], "python": python}
+    vllm = {**settings, "hidden_states": {**settings["hidden_states"], "backend": "vllm", "runner": given}}
+    assert runner_service(vllm, 2, "runner.py").command[:2] == [python, "runner.py"]
+    sglang = {**vllm, "tensor_parallel": 2, "hidden_states": {**vllm["hidden_states"], "backend": "sglang"}}
+    assert runner_service(sglang, 2, "runner.py").command[:7] == [
+        python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "runner.py"
+    ]  # fmt: skip

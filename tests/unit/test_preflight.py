@@ -77,16 +77,17 @@ def test_a_model_directory_without_config_or_tokenizer_is_named(tmp_path):
     assert problems(demo, config_jobs(demo), env, False) == []
 
 
-def fake_sglang(tmp_path: Path) -> dict:
-    """An importable package named sglang on PYTHONPATH: a stand-in where the check only asks whether the
-    job's interpreter can import it (the real SGLang lives in .venv-sglang, not every machine has it)."""
-    (tmp_path / "site" / "sglang").mkdir(parents=True)
-    (tmp_path / "site" / "sglang" / "__init__.py").write_text("")
+def fake_sglang(tmp_path: Path, name: str = "sglang") -> dict:
+    """An importable package `name` on PYTHONPATH: a stand-in where the check only asks whether the job's
+    interpreter can import it (the real SGLang and vLLM live in .venv-sglang and .venv-vllm, not every
+    machine has them)."""
+    (tmp_path / "site" / name).mkdir(parents=True)
+    (tmp_path / "site" / name / "__init__.py").write_text("")
     return {"PYTHONPATH": str(tmp_path / "site")}
 
 
 def test_sglang_must_be_importable_where_the_jobs_run_it_unless_conda_brings_it(tmp_path):
-    config = kimi("sglang")
+    config = fill_defaults(kimi("sglang"))
     config["model"]["path"] = str(model_dir(tmp_path / "model"))
     jobs = [Job("responses_served", "B1_glaive"), Job("hidden_states", "B1_glaive")]
     env = {"PATH": VENV_BIN}
@@ -105,7 +106,7 @@ def test_sglang_must_be_importable_where_the_jobs_run_it_unless_conda_brings_it(
 def test_a_launched_vllm_server_and_its_capture_are_checked_by_their_registry_entries(tmp_path):
     """The same check, read from vLLM's entries: its module, its launcher, its section and its env file; a
     partition of each launched backend gets each one's line."""
-    config = kimi("sglang")
+    config = fill_defaults(kimi("sglang"))
     config["model"]["path"] = str(model_dir(tmp_path / "model"))
     config["inference"]["vllm"] = {"launch": fill_defaults({}, "inference.vllm.launch")}
     config["partitions"]["B3_magicoder_oss"]["backend"] = "vllm"
@@ -116,7 +117,14 @@ def test_a_launched_vllm_server_and_its_capture_are_checked_by_their_registry_en
     assert vllm.startswith(f"vLLM is not importable by {VENV_BIN}/python, which inference.vllm.launch runs ")
     assert "(vllm.entrypoints.openai.api_server)" in vllm and "(envs/vllm.yaml)" in vllm
     assert runner.startswith(f"vLLM is not importable by {VENV_BIN}/python, which runs the capture runner (python) ")
-    assert "hidden_states.backend: vllm" in runner
+    assert "hidden_states.backend: vllm" in runner and "set hidden_states.runner.python" in runner
+    # the interpreter the user names for the runner is the one checked
+    config["hidden_states"]["runner"] = {"python": sys.executable}
+    *_, runner = problems(config, [*jobs, Job("hidden_states", "B1_glaive")], {"PATH": VENV_BIN}, False)
+    named = f"vLLM is not importable by {sys.executable}, which runs the capture runner ({sys.executable})"
+    assert runner.startswith(named)
+    with_vllm = {"PATH": VENV_BIN, **fake_sglang(tmp_path, "vllm")}
+    assert len(problems(config, [*jobs, Job("hidden_states", "B1_glaive")], with_vllm, False)) == 1  # SGLang's
 
 
 def test_the_evaluate_jobs_need_specforges_interpreter_and_a_chain_of_proposals(tmp_path):

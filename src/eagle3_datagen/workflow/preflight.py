@@ -221,13 +221,15 @@ def _backend_import_problems(config: dict, jobs: list[Job], environ: Mapping[str
                 )
     capture = CAPTURE[config["hidden_states"]["backend"]]
     if capture.imports and any(j.rule == "hidden_states" for j in jobs):
-        runs = "torchrun" if capture.tensor_parallel else "python"  # the capture runner's (stages/hidden/runner.py)
+        # the capture runner's interpreter (stages/hidden/runner.py)
+        given = config["hidden_states"]["runner"].get("python")
+        runs = given or ("torchrun" if capture.tensor_parallel else "python")
         python = _interpreter(runs, environ)
         if python and not _runs(python, IMPORTABLE, environ, capture.imports):
             found.append(
                 f"{capture.label} is not importable by {python}, which runs the capture runner ({runs}) for "
                 f"hidden_states.backend: {capture.name}: {fix}, run with --sdm conda (envs/{capture.env}.yaml), or "
-                f"put a {runs} that has {capture.imports} first on PATH"
+                f"set hidden_states.runner.python to an interpreter that has {capture.imports} and the project"
             )
     return found
 

@@ -11,25 +11,11 @@ tokens), longer ones through the long tier.
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_datagen.backends.base import (
-    RetryableError,
-    ServerError,
-    ServerGone,
-    Turn,
-    generation_limit,
-    journal_fingerprint,
-)
-from eagle3_datagen.backends.client import JsonClient
-from eagle3_datagen.backends.http import RetryPolicy
-from eagle3_datagen.backends.rendered import RenderedChat
-from eagle3_datagen.backends.service.supervise import wait_healthy
-
-log = logging.getLogger(__name__)
+from eagle3_datagen.backends.base import RetryableError, ServerError, Turn, generation_limit
+from eagle3_datagen.backends.token_server import TokenServerBackend
 
 
 @dataclass(frozen=True)
@@ -57,51 +43,17 @@ def _check_generation(body: dict) -> None:
         raise RetryableError(f"generation aborted by the server: {finish.get('message', '')}")
 
 
-class SGLangBackend:
+class SGLangBackend(TokenServerBackend):
     name = "sglang"
 
-    @classmethod
-    def for_job(cls, settings: dict, server_alive=None) -> SGLangBackend:
-        """The backend a responses job's settings (plugins.GenerationBackend) configure; `server_alive`:
-        whether the server this job launched still runs (None: not launched here)."""
-        return cls(settings["model"]["path"], settings["sampling"], settings["sglang"], settings["model"], server_alive)
-
-    def __init__(
-        self,
-        model_path: str | Path,
-        sampling: dict,
-        settings: dict,
-        model_settings: dict,
-        server_alive: Callable[[], bool] | None = None,
-    ):
-        """`server_alive`: for the server this job launched, whether it still runs (see JsonClient)."""
-        self.model_path = Path(model_path)
-        self.model = settings.get("served_model") or self.model_path.name
-        self.chat = RenderedChat(model_path, model_settings)
-        self.specials = self.chat.specials
-        self.sampling = sampling
-        self.settings = settings
+    def _limits(self, settings: dict, sampling: dict) -> int:
+        """The two tiers, each with its own slots; a job has both tiers' requests in flight."""
         self.short, self.long = tiers_from_config(settings, sampling)
-        self.concurrency = self.short.concurrency + self.long.concurrency
-        self.url = settings["url"]
-        self.health_timeout = settings["health_timeout"]
-        self.client = JsonClient(
-            self.url,
-            self.concurrency,
-            settings["request_timeout"],
-            RetryPolicy.from_config(settings["retry"]),
-            server_alive=server_alive,
-        )
         self._slots = {
             self.short.name: asyncio.Semaphore(self.short.concurrency),
             self.long.name: asyncio.Semaphore(self.long.concurrency),
         }
-
-    def fingerprint(self) -> dict:
-        # not the tiers' concurrency (run-only): a journal resumes under another one
-        return journal_fingerprint(
-            self.name, self.model, self.sampling, self.settings, chat_template_kwargs=self.chat.template_kwargs
-        )
+        return self.short.concurrency + self.long.concurrency
 
     # The settings that cap an answer's length (dotted paths into the fingerprint): a raised one keeps the
     # answers that ended within the old one.
@@ -112,17 +64,6 @@ class SGLangBackend:
         prompt's length, which the fingerprint holds)."""
         tier = (message.get("produced_by") or {}).get("tier")
         return self.long.max_tokens if tier == self.long.name else self.short.max_tokens
-
-    async def __aenter__(self) -> SGLangBackend:
-        await self.client.open()
-        if self.client.server_alive is not None and not self.client.server_alive():
-            raise ServerGone(f"the server at {self.url} is gone")  # died between two shards of the job
-        await asyncio.to_thread(wait_healthy, self.url, self.health_timeout)
-        await self._check_model()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.client.close()
 
     async def _check_model(self) -> None:
         _, info = await self.client.get("/model_info")  # 0.5.23 deprecates /get_model_info for it
@@ -159,17 +100,7 @@ class SGLangBackend:
             body, attempts, _unbilled = await self.client.post("/generate", payload, _check_generation)
         meta = body.get("meta_info") or {}
         finish = meta.get("finish_reason") or {}
-        output_ids = list(body["output_ids"])
-        stopped = finish.get("type") == "stop"
-        matched = finish.get("matched")
-        if stopped and matched in self.specials.stop_ids and output_ids[-1:] != [matched]:
-            output_ids.append(matched)  # a server that trims the matched token
-        think_end = self.specials.think_end_id
-        usage = {
-            "prompt_tokens": meta.get("prompt_tokens", len(prompt_ids)),
-            "completion_tokens": meta.get("completion_tokens", len(output_ids)),
-            "cached_tokens": meta.get("cached_tokens", 0),
-            "reasoning_tokens": output_ids.index(think_end) + 1 if think_end in output_ids else 0,
-        }
-        produced_by = {"backend": self.name, "tier": tier.name, "attempts": attempts, "finish_reason": finish}
-        return self.chat.turn(output_ids, prompt_ids, messages, tools, usage, {"produced_by": produced_by})
+        stop = (finish.get("type") == "stop", finish.get("matched"))
+        counts = {key: meta[key] for key in ("prompt_tokens", "completion_tokens", "cached_tokens") if key in meta}
+        produced_by = {"tier": tier.name, "attempts": attempts, "finish_reason": finish}
+        return self._turn(messages, tools, prompt_ids, list(body["output_ids"]), stop, counts, produced_by)

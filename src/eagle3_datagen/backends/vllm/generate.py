@@ -4,30 +4,17 @@ The prompt is rendered by the model's own tokenizer and chat template with the g
 conversation's tools declared) and sent as a list of token ids, with `return_token_ids` (vLLM 0.32.0's
 `CompletionRequest`): the choice's `token_ids` are exactly what the model produced and its
 `prompt_token_ids` what it read, checked against ours. Special tokens are kept in the text
-(`skip_special_tokens: false`); the turn is parsed from the ids, as for SGLang.
+(`skip_special_tokens: false`); the turn is parsed from the ids, as for SGLang. vLLM keeps a stop token
+id in `token_ids`; `stop_reason` names a matched `stop_token_ids` entry, None for EOS.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Callable
 from pathlib import Path
 
-from eagle3_datagen.backends.base import (
-    RetryableError,
-    ServerError,
-    ServerGone,
-    Turn,
-    generation_limit,
-    journal_fingerprint,
-)
-from eagle3_datagen.backends.client import JsonClient
-from eagle3_datagen.backends.http import RetryPolicy
-from eagle3_datagen.backends.rendered import RenderedChat
-from eagle3_datagen.backends.service.supervise import wait_healthy
-
-log = logging.getLogger(__name__)
+from eagle3_datagen.backends.base import RetryableError, ServerError, Turn, generation_limit
+from eagle3_datagen.backends.token_server import TokenServerBackend
 
 
 def _check_completion(body: dict) -> None:
@@ -38,75 +25,21 @@ def _check_completion(body: dict) -> None:
         raise RetryableError("generation aborted by the server")
 
 
-def output_ids(choice: dict, stop_ids: list[int]) -> list[int]:
-    """The choice's generated ids, ending with the stop token where a stop token ended it (vLLM keeps a
-    stop token id in `token_ids`; `stop_reason` names a matched `stop_token_ids` entry, None for EOS)."""
-    ids = list(choice["token_ids"])
-    matched = choice.get("stop_reason")
-    if choice.get("finish_reason") == "stop" and matched in stop_ids and ids[-1:] != [matched]:
-        ids.append(matched)
-    return ids
-
-
-class VLLMBackend:
+class VLLMBackend(TokenServerBackend):
     name = "vllm"
 
-    @classmethod
-    def for_job(cls, settings: dict, server_alive=None) -> VLLMBackend:
-        """The backend a responses job's settings (plugins.GenerationBackend) configure; `server_alive`:
-        whether the server this job launched still runs (None: not launched here)."""
-        return cls(settings["model"]["path"], settings["sampling"], settings["vllm"], settings["model"], server_alive)
+    _served_name: str | None = None  # the name the server serves the model under (its /v1/models)
 
-    def __init__(
-        self,
-        model_path: str | Path,
-        sampling: dict,
-        settings: dict,
-        model_settings: dict,
-        server_alive: Callable[[], bool] | None = None,
-    ):
-        self.model_path = Path(model_path)
-        self.model = settings.get("served_model") or self.model_path.name
-        self.chat = RenderedChat(model_path, model_settings)
-        self.specials = self.chat.specials
-        self.sampling = sampling
-        self.settings = settings
+    def _limits(self, settings: dict, sampling: dict) -> int:
         self.max_tokens = generation_limit(settings, sampling)
-        self.concurrency = settings["concurrency"]
-        self.url = settings["url"]
-        self.health_timeout = settings["health_timeout"]
-        self.client = JsonClient(
-            self.url,
-            self.concurrency,
-            settings["request_timeout"],
-            RetryPolicy.from_config(settings["retry"]),
-            server_alive=server_alive,
-        )
-        self._slots = asyncio.Semaphore(self.concurrency)
-        self._served_name: str | None = None
-
-    def fingerprint(self) -> dict:
-        # not the concurrency (run-only): a journal resumes under another one
-        return journal_fingerprint(
-            self.name, self.model, self.sampling, self.settings, chat_template_kwargs=self.chat.template_kwargs
-        )
+        self._slots = asyncio.Semaphore(settings["concurrency"])
+        return settings["concurrency"]
 
     # The settings that cap an answer's length (dotted paths into the fingerprint).
     limit_keys = ("vllm.max_tokens", "sampling.max_new_tokens")
 
     def limit_for(self, message: dict) -> int:
         return self.max_tokens
-
-    async def __aenter__(self) -> VLLMBackend:
-        await self.client.open()
-        if self.client.server_alive is not None and not self.client.server_alive():
-            raise ServerGone(f"the server at {self.url} is gone")  # died between two shards of the job
-        await asyncio.to_thread(wait_healthy, self.url, self.health_timeout)
-        await self._check_model()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.client.close()
 
     async def _check_model(self) -> None:
         _, listing = await self.client.get("/v1/models")
@@ -146,15 +79,10 @@ class VLLMBackend:
         choice = body["choices"][0]
         if choice.get("prompt_token_ids") not in (None, prompt_ids):
             raise ServerError(f"the vLLM server at {self.url} read other prompt ids than it was sent")
-        ids = output_ids(choice, self.specials.stop_ids)
-        usage_in = body.get("usage") or {}
-        think_end = self.specials.think_end_id
-        usage = {
-            "prompt_tokens": usage_in.get("prompt_tokens", len(prompt_ids)),
-            "completion_tokens": usage_in.get("completion_tokens", len(ids)),
-            "cached_tokens": (usage_in.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
-            "reasoning_tokens": ids.index(think_end) + 1 if think_end in ids else 0,
-        }
+        usage = body.get("usage") or {}
+        counts = {key: usage[key] for key in ("prompt_tokens", "completion_tokens") if key in usage}
+        counts["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         finish = {"type": choice.get("finish_reason"), "matched": choice.get("stop_reason")}
-        produced_by = {"backend": self.name, "attempts": attempts, "finish_reason": finish}
-        return self.chat.turn(ids, prompt_ids, messages, tools, usage, {"produced_by": produced_by})
+        stop = (finish["type"] == "stop", finish["matched"])
+        produced_by = {"attempts": attempts, "finish_reason": finish}
+        return self._turn(messages, tools, prompt_ids, list(choice["token_ids"]), stop, counts, produced_by)

@@ -61,14 +61,16 @@ def runner_service(settings: dict, threads: int, script: str | Path) -> Service:
     }
     args = [str(script), "--settings", json.dumps(settings, sort_keys=True), "--threads", str(threads)]
     capture = CAPTURE[hidden["backend"]]
+    runner = hidden["runner"]
+    python = runner.get("python")  # absent: this job's interpreter (torchrun's for a tensor-parallel backend)
     if capture.tensor_parallel:
         gpus = settings["tensor_parallel"]
-        command = ["torchrun", "--standalone", "--nproc-per-node", str(gpus), *args]
+        torchrun = [python, "-m", "torch.distributed.run"] if python else ["torchrun"]
+        command = [*torchrun, "--standalone", "--nproc-per-node", str(gpus), *args]
         loads["tensor_parallel"] = gpus
     else:
         gpus = settings["tensor_parallel"] if capture.gpu(hidden[capture.name]) else 0
-        command = [sys.executable, *args]
-    runner = hidden["runner"]
+        command = [python or sys.executable, *args]
     return Service(
         name="capture runner",
         kind="capture_runner",
