@@ -111,14 +111,16 @@ def test_a_killed_and_a_hung_server_are_restarted_and_the_shard_loses_no_prompt(
     assert wait_until(restarted(1), timeout=60, interval=0.05)
     kill_noticed_s = time.monotonic() - started
 
-    # stop the restarted server: its health check goes unanswered for hang_timeout s, and it is killed
+    # stop the restarted server once it is ready, while the shard's prompts wait for it: its health check
+    # goes unanswered for hang_timeout s, and it is killed (stopped after its first answers instead, a
+    # CI run under load saw no restart: its 24 short prompts may all have been answered by then)
     stopped = service_pid(node)
     assert stopped != killed
-    assert wait_until(lambda: journaled(out) > before_kill, timeout=300, interval=0.05)
     before_stop = journaled(out)
     os.kill(stopped, signal.SIGSTOP)
     started = time.monotonic()
-    # the job starts the server again, or exits: a failure shows both logs (a CI run once saw neither in 70 s)
+    assert before_stop < PROMPTS
+    # the job starts the server again, or exits: a failure shows both logs
     wait_until(lambda: restarted(2)() or job.poll() is not None, timeout=HANG_TIMEOUT + 240, interval=0.05)
     hang_noticed_s = time.monotonic() - started
     logs = f"the job's log:\n{job_log.read_text()[-3000:]}\nthe server's log:\n{server_log.read_text()[-3000:]}"
