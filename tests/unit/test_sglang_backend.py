@@ -1,20 +1,24 @@
 """The SGLang backend against the loopback server: tiers, exact output IDs, the served model's check,
 and the server a job launches itself (up during the job, stopped after it and on SIGTERM)."""
 
+import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
-from eagle3_datagen.backends.base import ServerError
+from eagle3_datagen.backends.base import ServerError, ServerGone
 from eagle3_datagen.backends.service.record import pid_alive
+from eagle3_datagen.backends.sglang.generate import SGLangBackend
 from eagle3_datagen.backends.sglang.server import launched_server
 from eagle3_datagen.chat.template import load_tokenizer
 from eagle3_datagen.formats.files import read_jsonl
 from tests.doubles.loopback import FaultPlan, Loopback, serve_in_thread
-from tests.helpers import defaults, free_port, prompts_file, run_responses, sglang_backend, wait_until
+from tests.helpers import SAMPLING, defaults, free_port, prompts_file, run_responses, sglang_backend, wait_until
 
 
 def test_sglang_returns_exact_ids_through_two_tiers(tmp_path, qwen_tokenizer_dir):
@@ -71,6 +75,34 @@ def test_sglang_refuses_a_server_with_another_model(tmp_path, qwen_tokenizer_dir
     mismatch = pytest.raises(ServerError, match="serves '/models/Other-Model', not the configured model 'Tiny-Model'")
     with serve_in_thread(Loopback("/models/Other-Model")) as url, mismatch:
         run_responses(tmp_path, prompts_file(tmp_path, 1), sglang_backend(qwen_tokenizer_dir, url))
+
+
+def test_a_launched_server_that_hangs_and_is_killed_before_its_first_answer_ends_the_wait_at_once(
+    tmp_path, qwen_tokenizer_dir
+):
+    """A server stopped (SIGSTOP) right after its supervisor marked it ready: the kernel accepts the job's
+    connections and nothing answers, here a socket nobody reads. Once the supervisor kills it as hung
+    (`server_alive` turns false) the job's health wait ends with ServerGone, which the job answers by
+    starting the server again, not health_timeout (600 s) later with an error that stops it."""
+    hung = socket.create_server(("127.0.0.1", 0))
+    killed_at = [float("inf")]  # the supervisor's kill, 2 s after the job starts waiting
+    backend = SGLangBackend(
+        qwen_tokenizer_dir,
+        SAMPLING,
+        defaults("inference.sglang", url=f"http://127.0.0.1:{hung.getsockname()[1]}", health_timeout=600),
+        defaults("model"),
+        server_alive=lambda: time.monotonic() < killed_at[0],
+    )
+
+    async def enter():
+        async with backend:
+            pass
+
+    started = time.monotonic()
+    killed_at[0] = started + 2
+    with hung, pytest.raises(ServerGone, match="is gone"):
+        asyncio.run(enter())
+    assert time.monotonic() - started < 15  # one unanswered health check (5 s) after the kill
 
 
 def test_launched_server_is_healthy_during_the_job_and_stopped_after(tmp_path, qwen_tokenizer_dir):

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import orjson
 
-from eagle3_datagen.backends.base import RequestFailed, RetryableError, ServerGone
+from eagle3_datagen.backends.base import RequestFailed, RetryableError, ServerError, ServerGone
 from eagle3_datagen.backends.http import RetryPolicy, classify, parse_retry_after
 from eagle3_datagen.backends.stream import ChatStream
 from eagle3_datagen.formats.spend import Spend
@@ -60,8 +60,14 @@ class JsonClient:
             await self.session.close()
 
     async def get(self, path: str) -> tuple[int, object]:
-        async with self.session.get(self.base_url + path) as resp:
-            return resp.status, await resp.json(content_type=None)
+        """GET once (the entry checks); a server this job started that is gone raises ServerGone."""
+        try:
+            async with self.session.get(self.base_url + path) as resp:
+                return resp.status, await resp.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError) as e:
+            if self.server_alive is not None and not self.server_alive():
+                raise ServerGone(f"the server at {self.base_url} is gone ({type(e).__name__}: {e})") from None
+            raise ServerError(f"GET {self.base_url}{path} failed: {type(e).__name__}: {e}") from None
 
     async def _attempt(self, path: str, payload: bytes, check) -> dict:
         try:

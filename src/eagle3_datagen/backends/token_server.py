@@ -1,8 +1,8 @@
 """What the generation backends that talk to a token-id server (SGLang's `/generate`, vLLM's
-`/v1/completions`) share: the rendered chat, the JSON client to the server (a launched one's death noticed
-between two shards), the journal's fingerprint, the server's health and served model checked on entry,
-and the returned ids read back into a `Turn`. A backend adds its payload, its concurrency (tiers or one
-pool), its model check and its response parsing."""
+`/v1/completions`) share: the rendered chat, the JSON client to the server, the journal's fingerprint,
+the server's health and served model checked on entry (a launched one's death, or its kill as hung,
+ending the wait), and the returned ids read back into a `Turn`. A backend adds its payload, its
+concurrency (tiers or one pool), its model check and its response parsing."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from eagle3_datagen.backends.base import ServerGone, Turn, journal_fingerprint
+from eagle3_datagen.backends.base import ServerError, ServerGone, Turn, journal_fingerprint
 from eagle3_datagen.backends.client import JsonClient
 from eagle3_datagen.backends.http import RetryPolicy
 from eagle3_datagen.backends.rendered import RenderedChat
@@ -65,10 +65,16 @@ class TokenServerBackend:
 
     async def __aenter__(self) -> TokenServerBackend:
         await self.client.open()
-        if self.client.server_alive is not None and not self.client.server_alive():
-            raise ServerGone(f"the server at {self.url} is gone")  # died between two shards of the job
-        await asyncio.to_thread(wait_healthy, self.url, self.health_timeout)
-        await self._check_model()
+        alive = self.client.server_alive
+        try:
+            # a launched server that dies, or is killed as hung, ends the wait (not health_timeout s later)
+            await asyncio.to_thread(wait_healthy, self.url, self.health_timeout, alive)
+            await self._check_model()
+        except BaseException as e:
+            await self.client.close()
+            if isinstance(e, ServerError) and alive is not None and not alive():
+                raise ServerGone(f"the server at {self.url} is gone") from None
+            raise
         return self
 
     async def __aexit__(self, *exc) -> None:
