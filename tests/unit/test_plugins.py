@@ -60,8 +60,6 @@ def test_each_entry_names_an_implementation_that_exists():
     for entry in GENERATION.values():
         if entry.implementation is not None:
             assert callable(import_implementation(entry.implementation)), entry
-        if entry.service is not None:
-            assert callable(import_implementation(entry.service)), entry
     assert callable(import_implementation(CAPTURE["hf"].implementation))
     for export in EXPORTS.values():
         assert export.exporter().__init__.__code__.co_varnames[1:6] == (

@@ -15,8 +15,7 @@ CONFIG_NAMES = {"config", "settings", "configured", "launch", "section", "part",
 # "Absent means" rules no schema default can say, each in one function: (module, key): why.
 ABSENT_MEANS = {
     ("backends/plugins.py", "command"): "the job's own interpreter: a default would name one machine's",
-    ("backends/sglang/server.py", "args"): "no flags: a default would change the params of every config without it",
-    ("backends/vllm/server.py", "args"): "no flags: a default would change the params of every config without it",
+    ("backends/service/__init__.py", "args"): "no flags: a default would change the params of every config without it",
     ("chat/template.py", "expected_ids"): "no pins: a default would change the tokens params of every config",
 }
 

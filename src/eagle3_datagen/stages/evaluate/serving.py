@@ -69,7 +69,8 @@ def sglang_eagle3_acceptance(
     """Serve `target` with `draft` under SGLang's EAGLE3 at `url` (`launch`: the config's
     `inference.sglang.launch`, its command, flags and timeouts; `settings`: the `evaluate` section) and
     measure the acceptance length over `prompts`, each decoded greedily up to `max_new_tokens`."""
-    from eagle3_datagen.backends.sglang.server import launch_args, launched_server
+    from eagle3_datagen.backends.service import launch_args
+    from eagle3_datagen.backends.sglang.server import launched_server
 
     run = {**launch, "args": [*launch_args(launch), *eagle3_launch_args(str(draft), settings["speculative"])]}
     with launched_server(target, url, run, log_path):
