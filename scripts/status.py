@@ -1,4 +1,5 @@
 #!/usr/bin/env python
+# ruff: noqa: E402 (the imports come after Ctrl-C's default action is set)
 """Tell which partitions are complete, running, stale, failed or pending, from Snakemake's records, and
 per partition what its responses have done so far, read from their journals and stats while the run
 goes: prompts answered, failed, truncated and gated, tokens, dollars and rows per minute.
@@ -13,6 +14,11 @@ import signal
 import sys
 import time
 from pathlib import Path
+
+# Ctrl-C ends it at once by the signal's default action, from before its imports (seconds on a busy machine):
+# Python's KeyboardInterrupt waits for native code to return (the tokenizer's took over 30 s). It writes
+# nothing, so nothing is left half done.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import yaml
 
@@ -42,10 +48,6 @@ def main() -> None:
         "model's tokenizer, to the rows it has not seen yet)",
     )
     args = p.parse_args()
-    if args.watch:
-        # The default action, not Python's KeyboardInterrupt: that waits for the tokenizer's native code to
-        # return, which on a busy machine took more than 30 s. It writes nothing, so nothing is left half done.
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
     config = fill_defaults(yaml.safe_load(Path(args.configfile or "config.yaml").read_text()))
     partitions = sorted(config["partitions"])
     shards = {name: shard_names(config, name) for name in partitions}

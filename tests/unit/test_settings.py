@@ -174,6 +174,7 @@ COVERAGE_VALUES = {
     "inference.openrouter.max_cost_usd": 10.0,
     "hidden_states.writer_threads": 2,
     "hidden_states.sglang.device": "cpu",  # no GPU here
+    "hidden_states.runner.python": "python",  # the job's own interpreter, by name on PATH
     "export.formats": ["specforge"],
     "evaluate.baseline": "none",
     "plan.model.num_layers": 8,

@@ -58,18 +58,23 @@ def test_a_sampled_shard_below_the_floor_fails_its_probe_and_stops_the_exports(t
 
 class SampledAnswers:
     """The demo model's own answers at temperature 1, as text: what a provider serving the target returns
-    through OpenRouter (no ids; the tokens stage rebuilds them from the text). Loaded at the first request,
-    once the workflow has built the model."""
+    through OpenRouter (no ids; the tokens stage rebuilds them from the text). The prompt is rendered with the
+    config's template arguments, as the provider renders it with reasoning off (the demo's: the empty think
+    block in the prompt, never in the answer). Loaded at the first request, once the workflow has built the
+    model."""
 
-    def __init__(self, model_dir, max_new_tokens: int):
+    def __init__(self, model_dir, max_new_tokens: int, template_kwargs: dict):
         self.model_dir, self.max_new_tokens, self.model = model_dir, max_new_tokens, None
+        self.template_kwargs = template_kwargs
         self.generator = torch.Generator().manual_seed(0)
 
     def __call__(self, messages: list[dict]) -> str:
         if self.model is None:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
             self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+        prompt = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", **self.template_kwargs
+        )
         ids = prompt if isinstance(prompt, torch.Tensor) else prompt["input_ids"]
         torch.manual_seed(int(torch.randint(1 << 30, (1,), generator=self.generator)))
         with torch.inference_mode():
@@ -91,7 +96,8 @@ def test_an_openrouter_partition_of_the_targets_own_text_passes_the_floor_and_a_
     config["hidden_states"]["keep_shards"] = False
     del config["evaluate"]
     monkeypatch.setenv(KEY_ENV, "sk-or-v1-test")
-    server = Loopback("unused", answer=SampledAnswers(work / config["model"]["path"], 48))
+    answers = SampledAnswers(work / config["model"]["path"], 48, config["model"]["chat_template_kwargs"])
+    server = Loopback("unused", answer=answers)
     with serve_in_thread(server) as url:
         config["inference"]["openrouter"] = {
             "base_url": url,

@@ -225,6 +225,7 @@ def curve_figure(curves: list[dict]) -> Plot:
     trained on the dataset's own responses at the same sizes (hollow markers) where there are any."""
     fig = Figure(figsize=(8, 4.5), layout="constrained")
     ax = fig.subplots()
+    drawn = []  # each curve's handle and label, its baseline's after it (matplotlib lists lines first)
     for number, c in enumerate(curves):
         color = f"C{number % 10}"
         points = c["curve"]["points"]
@@ -234,7 +235,7 @@ def curve_figure(curves: list[dict]) -> Plot:
             [max(0.0, p["acceptance_length"] - p["interval_95"][0]) for p in points],
             [max(0.0, p["interval_95"][1] - p["acceptance_length"]) for p in points],
         ]
-        ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=color, label=c["partition"])
+        drawn.append((ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=color), c["partition"]))
         ahead = c["curve"]["extrapolated"]
         ax.plot(
             [xs[-1], *(a["samples"] for a in ahead)],
@@ -250,18 +251,19 @@ def curve_figure(curves: list[dict]) -> Plot:
             alpha=0.15,
         )
         if b := c["baseline"]:
-            ax.plot(
+            (line,) = ax.plot(
                 [p["samples"] for p in b["points"]],
                 [p["acceptance_length"] for p in b["points"]],
                 marker="o",
                 markerfacecolor="none",
                 linestyle=":",
                 color=color,
-                label=f"{c['partition']}, original responses",
             )
+            drawn.append((line, f"{c['partition']}, original responses"))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("training samples (log2; dashed: the fit carried to 2x and 4x)")
     ax.set_ylabel("acceptance length")
-    _label(ax, "acceptance length against training samples (95% intervals)")
-    # the alt text names each curve drawn, as the legend does
-    return _img(fig, "acceptance length against training samples: " + "; ".join(ax.get_legend_handles_labels()[1]))
+    _label(ax, "acceptance length against training samples (95% intervals)", legend=False)
+    ax.legend(*zip(*drawn, strict=True), fontsize=8)
+    # the alt text names each curve drawn, in the legend's order
+    return _img(fig, "acceptance length against training samples: " + "; ".join(label for _, label in drawn))
