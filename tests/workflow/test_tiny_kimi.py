@@ -11,12 +11,19 @@ import torch
 import yaml
 from safetensors import safe_open
 
+from eagle3_datagen.backends.hf.capture import HFCapture
+from eagle3_datagen.backends.hf.generate import HFBackend
+from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.diagnostics import layer_check
 from eagle3_datagen.formats.files import read_jsonl
 from eagle3_datagen.formats.hidden_shard import HiddenShard, layer_tap_path
 from eagle3_datagen.reporting.plan import measured_loads, plan_rates
-from eagle3_datagen.stages.tokens import loss_spans
+from eagle3_datagen.stages.hidden.shard import capture_shard
+from eagle3_datagen.stages.probe import ProbeFailure, ProbeSettings, run_probe
+from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
+from eagle3_datagen.stages.tokens import TokenSettings, build_samples, loss_spans
 from tests.helpers import KIMI_FILES, REPO, copy_workflow, run
+from tests.helpers.captures import OffByOneCapture, ReversedAuxCapture
 from tests.helpers.curves import curves_beside_baselines
 
 pytestmark = pytest.mark.e2e
@@ -250,3 +257,46 @@ def test_hidden_states_equal_a_direct_transformers_forward(tiny_kimi_dir):
         out = model(stored["input_ids"][None].long(), output_hidden_states=True)
     aux = torch.cat([out.hidden_states[i][0] for i in (2, 4, 5)], dim=-1)
     torch.testing.assert_close(stored["aux_hidden_states"].float(), aux, atol=2e-2, rtol=1e-2)
+
+
+def test_its_answers_at_temperature_1_pass_the_alignment_floor_and_planted_defects_fail_it(tiny_kimi_dir, tmp_path):
+    """The probe's hard floor on the tiny Kimi's own answers sampled at temperature 1 (to the smoke run's tiny_chat
+    prompts, with its model): its fit counts the ~160k vocabulary rows it leaves untrained, so it samples the
+    answers it learnt rather than them (docs/report.md). The tokens stage's gates drop none, and the hf capture's
+    shard passes the floor; stored one row early it fails it, and its raw final slot said normed fails the norm
+    check. Reversed auxiliary layers pass the probe, which reads the final slot only: the layer check catches
+    them (above)."""
+    config = fill_defaults(yaml.safe_load((REPO / "config/tiny-kimi.yaml").read_text()))
+    model_dir, floor = tiny_kimi_dir / "results/tiny-kimi/model", config["probe"]["min_aligned_best_share"]
+    sampling = {**config["inference"]["sampling"], "temperature": 1.0}
+    backend = HFBackend(model_dir, sampling, config["inference"]["hf"], config["model"])
+    prompts = tiny_kimi_dir / "results/tiny_chat/prompts/00000.jsonl.zst"
+    run_journaled_responses(prompts, tmp_path / "rows.jsonl.zst", tmp_path / "stats.json", backend, Budgets())
+    rows = read_jsonl(tmp_path / "rows.jsonl.zst")
+    samples, audit = build_samples(rows, model_dir, config["model"], TokenSettings.from_config(config["tokens"]))
+    assert len(rows) == len(read_jsonl(prompts)) >= 4 and len(samples) >= len(rows)
+    assert (audit["gates"]["dropped_rows"], audit["audit"]["semantic"]) == (0, 0)
+
+    def probed(name, capture_class=HFCapture, says=None):
+        capture = capture_class(model_dir, "auto", "raw", {"dtype": "float32", "device": "cpu"})
+        capture_shard(samples, tmp_path / name, capture, {**config["hidden_states"], "dtype": "float32"})
+        if says:  # index.json names the other final slot than the capture stored
+            index = json.loads((tmp_path / name / "index.json").read_text())
+            (tmp_path / name / "index.json").write_text(json.dumps({**index, "final": says}))
+        settings = ProbeSettings.from_config(config["probe"])
+        return run_probe(
+            tmp_path / name, tmp_path / f"{name}.json", model_dir, settings, "tiny_chat", "hf", False, audit
+        )
+
+    good = probed("good")
+    print(f"\ntiny Kimi at temperature 1: {good['alignment']}")
+    assert good["verdict"] == "ok" and good["greedy_exact"] is False and good["alignment"]["positions"] > 50
+    assert good["alignment"]["aligned_best_share"] >= max(floor, 0.9) and good["alignment"]["margin"] > 8.0
+    assert good["all"]["mean_logprob"] > -2.0  # a quarter to a third of the mass before its fit counted the rest
+    with pytest.raises(ProbeFailure, match=r"shard early \(hf\): [0-9.]+% of the stored tokens") as failure:
+        probed("early", OffByOneCapture)
+    assert float(str(failure.value).split("): ")[1].split("%")[0]) / 100 < 0.1
+    with pytest.raises(ProbeFailure, match=r"index.json says the final slot is normed, but 0.0% of the probed rows"):
+        probed("raw_said_normed", says="normed")
+    reversed_aux = probed("reversed", ReversedAuxCapture)
+    assert reversed_aux["verdict"] == "ok" and reversed_aux["alignment"] == good["alignment"]

@@ -9,6 +9,7 @@ that ends with the end-of-turn token, as a served model's would.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -154,6 +155,22 @@ def _padded_batch(
     return ids, targets, mask
 
 
+def _untrained_sample(
+    head: torch.Tensor, used: torch.Tensor, size: int, seed: int
+) -> tuple[torch.Tensor | None, float]:
+    """`size` head rows the fit leaves untrained, drawn with `seed` (a generator of their own, so the
+    fit's other draws are as without them), and log(untrained / size): their log-sum-exp plus it
+    estimates all untrained rows' (frozen at their random init, they are alike). (None, 0.0) for size 0."""
+    if not size:
+        return None, 0.0
+    rest = torch.ones(head.shape[0], dtype=torch.bool)
+    rest[used] = False
+    untrained = rest.nonzero()[:, 0]
+    size = min(size, len(untrained))
+    pick = untrained[torch.randperm(len(untrained), generator=torch.Generator().manual_seed(seed))[:size]]
+    return head.detach()[pick].clone(), math.log(len(untrained) / size)
+
+
 def fit_to_conversations(
     model: PreTrainedModel,
     sequences: list[list[int]],
@@ -162,6 +179,7 @@ def fit_to_conversations(
     seed: int,
     loss_masks: list[list[int]] | None = None,
     max_batch_tokens: int | None = None,
+    untrained_sample: int = 0,
 ) -> list[float]:
     """A few full-batch AdamW steps on the demo conversations; returns the loss curve.
 
@@ -172,6 +190,12 @@ def fit_to_conversations(
     pick the positions whose next token is learned; without them, every position is. With
     `max_batch_tokens`, each step accumulates the gradient over batches of similar length, so
     a few long sequences do not pad every short one.
+
+    With `untrained_sample`, the softmax also counts the head rows left untrained: a fixed random
+    sample of that many stands for all of them (its log-sum-exp plus log(untrained / sample), one
+    more class whose target is never right), so the trained rows learn to outweigh the rest of the
+    vocabulary and sampling at temperature 1 stays on them, as a trained model's does. Without it,
+    the ~160k untrained rows of a large vocabulary keep most of the probability mass.
     """
     torch.manual_seed(seed)
     # The gradient of the row gather scatters with atomics unless asked not to: without this,
@@ -193,6 +217,7 @@ def fit_to_conversations(
     head_rows = rows if tied else torch.nn.Parameter(head.detach()[used].clone())
     table.requires_grad_(False)
     head.requires_grad_(False)
+    untrained_rows, untrained_scale = _untrained_sample(head, used, untrained_sample, seed)
     body = [p for name, p in model.model.named_parameters() if not name.startswith("embed_tokens")]
     trained = [*body, rows] if tied else [*body, rows, head_rows]
     optimizer = torch.optim.AdamW(trained, lr=learning_rate, weight_decay=0.0)
@@ -209,9 +234,15 @@ def fit_to_conversations(
         step_loss = 0.0
         for (ids, targets, mask), count in zip(batches, counted, strict=True):
             hidden = model.model(inputs_embeds=rows[ids], attention_mask=mask).last_hidden_state
-            mean = torch.nn.functional.cross_entropy(
-                (hidden @ head_rows.T).flatten(0, 1), targets.flatten(), ignore_index=-100
-            )
+            if untrained_rows is None:
+                mean = torch.nn.functional.cross_entropy(
+                    (hidden @ head_rows.T).flatten(0, 1), targets.flatten(), ignore_index=-100
+                )
+            else:  # at the trained positions only (the tiny Kimi's 372 of 1,860 tokens)
+                at = targets != -100
+                rest = torch.logsumexp(hidden[at] @ untrained_rows.T, dim=-1, keepdim=True) + untrained_scale
+                logits = torch.cat([hidden[at] @ head_rows.T, rest], dim=-1)
+                mean = torch.nn.functional.cross_entropy(logits, targets[at])
             loss = mean * (count / total)  # the mean over all batches (exactly 1.0 for one batch)
             loss.backward()
             step_loss += loss.item()

@@ -31,6 +31,9 @@ from eagle3_datagen.targets.demo import fit_to_conversations
 KIMI_TOKENIZER_FILES = ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja")
 # Tool prompts are several times longer than chat ones: fit in batches of similar length.
 FIT_BATCH_TOKENS = 1024
+# The untrained vocabulary rows (~160k of 163,840) in the fit's softmax, through a sample of this many:
+# without them they keep most of the mass and the model samples noise at temperature 1.
+FIT_UNTRAINED_SAMPLE = 2048
 
 
 def tiny_kimi_config(settings: dict, tokenizer: PreTrainedTokenizerBase) -> dict:
@@ -212,6 +215,7 @@ def build_tiny_kimi(partitions: list[dict], out_dir: str | Path, settings: dict)
         settings["seed"],
         loss_masks=masks,
         max_batch_tokens=FIT_BATCH_TOKENS,
+        untrained_sample=FIT_UNTRAINED_SAMPLE,
     )
     model.generation_config.eos_token_id = resolve_special_tokens(tokenizer).end_of_turn_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
