@@ -296,7 +296,9 @@ def test_its_answers_at_temperature_1_pass_the_alignment_floor_and_planted_defec
     with pytest.raises(ProbeFailure, match=r"shard early \(hf\): [0-9.]+% of the stored tokens") as failure:
         probed("early", OffByOneCapture)
     assert float(str(failure.value).split("): ")[1].split("%")[0]) / 100 < 0.1
-    with pytest.raises(ProbeFailure, match=r"index.json says the final slot is normed, but 0.0% of the probed rows"):
+    # a raw row now and then has an RMS over the norm's weight near 1 (1.8% of the rows here): the slot still reads raw
+    says = r"index.json says the final slot is normed, but [0-9.]+% of the probed rows .* the slot holds raw states"
+    with pytest.raises(ProbeFailure, match=says):
         probed("raw_said_normed", says="normed")
     reversed_aux = probed("reversed", ReversedAuxCapture)
     assert reversed_aux["verdict"] == "ok" and reversed_aux["alignment"] == good["alignment"]
