@@ -65,9 +65,10 @@ class JsonClient:
             async with self.session.get(self.base_url + path) as resp:
                 return resp.status, await resp.json(content_type=None)
         except (TimeoutError, aiohttp.ClientError) as e:
-            if self.server_alive is not None and not self.server_alive():
-                raise ServerGone(f"the server at {self.base_url} is gone ({type(e).__name__}: {e})") from None
-            raise ServerError(f"GET {self.base_url}{path} failed: {type(e).__name__}: {e}") from None
+            error = self._unreachable(e)
+            if isinstance(error, ServerGone):
+                raise error from None
+            raise ServerError(f"GET {self.base_url}{path} failed: {error}") from None
 
     async def _attempt(self, path: str, payload: bytes, check) -> dict:
         try:

@@ -279,14 +279,15 @@ def data_curves(
             continue
         settings = drafts[0]["settings"]
         ceiling = settings["speculative"]["num_steps"] + 1
-        fit = curve.fit_curve(curve.points_of(drafts), seed=settings["seed"], ceiling=ceiling)
+        points = curve.points_of(drafts)
+        fit = curve.fit_curve(points, seed=settings["seed"], ceiling=ceiling)
         if fit is None:
             continue
         baseline = difference = None
         if all(d.get("baseline") for d in drafts):
             original = curve.points_of(drafts, baseline=True)
             baseline = curve.fit_curve(original, seed=settings["seed"], ceiling=ceiling)
-            difference = curve.slope_difference(curve.points_of(drafts), original, seed=settings["seed"])
+            difference = curve.slope_difference(points, original, seed=settings["seed"])
         parts = [named[p] for p in named if name in ("all", p)]
         per_sample = curve.per_sample_price(
             [plan_rows[p["partition"]] for p in parts if p["partition"] in plan_rows], parts
