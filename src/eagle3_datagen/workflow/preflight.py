@@ -198,25 +198,38 @@ def _template_problems(folder: str | Path, model: dict) -> list[str]:
     return found
 
 
+def _node_env(env: str) -> tuple[str, str]:
+    """The GPU node's environment for a backend's conda env name (envs/<env>-gpu.txt): its venv and how to
+    get it. SGLang's is `make node-envs`' .venv-gpu; another backend's is installed from its own pins, since
+    its torch and transformers pins differ from SGLang's (docs/running.md)."""
+    if env == "sglang":
+        return ".venv-gpu", (
+            "on the GPU node run the workflow from .venv-gpu (`make node-envs`, then `source .venv-gpu/bin/activate`; "
+            "docs/running.md)"
+        )
+    venv = f".venv-{env}-gpu"
+    return venv, (
+        f"on the GPU node install {env}'s pins with the project in a venv of their own (`python3.11 -m venv {venv} "
+        f"&& {venv}/bin/pip install -r envs/{env}-gpu.txt -e .`)"
+    )
+
+
 def _backend_import_problems(config: dict, jobs: list[Job], environ: Mapping[str, str]) -> list[str]:
     """The launched server and the capture runner import their backend (registry entry's `imports`) in the
     job's `python` (or the interpreter `launch.command` names, or `torchrun`'s); a URL-only server is the
     user's and needs nothing here."""
     found = []
-    fix = (
-        "on the GPU node run the workflow from .venv-gpu (`make node-envs`, then `source .venv-gpu/bin/activate`; "
-        "docs/running.md)"
-    )
     if any(j.rule == SERVED_RESPONSE_RULE for j in jobs):
         for name in launched_backends(config):
             entry = GENERATION[name]
             launch = entry.settings(config)["launch"]
             python = _interpreter(entry.launch_command(launch, "python")[0], environ)
             if python and not _runs(python, IMPORTABLE, environ, entry.imports):
+                venv, fix = _node_env(entry.env)
                 found.append(
                     f"{entry.label} is not importable by {python}, which {entry.section}.launch runs "
                     f"({entry.launcher}): {fix}, run with --sdm conda (envs/{entry.env}.yaml), or set "
-                    f"{entry.section}.launch.command to an interpreter that has it (e.g. [.venv-gpu/bin/python, "
+                    f"{entry.section}.launch.command to an interpreter that has it (e.g. [{venv}/bin/python, "
                     f"-m, {entry.launcher}])"
                 )
     capture = CAPTURE[config["hidden_states"]["backend"]]
@@ -226,6 +239,7 @@ def _backend_import_problems(config: dict, jobs: list[Job], environ: Mapping[str
         runs = given or ("torchrun" if capture.tensor_parallel else "python")
         python = _interpreter(runs, environ)
         if python and not _runs(python, IMPORTABLE, environ, capture.imports):
+            _, fix = _node_env(capture.env)
             found.append(
                 f"{capture.label} is not importable by {python}, which runs the capture runner ({runs}) for "
                 f"hidden_states.backend: {capture.name}: {fix}, run with --sdm conda (envs/{capture.env}.yaml), or "
