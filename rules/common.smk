@@ -298,6 +298,12 @@ def get_prompt_outputs(partition):
     return expand("results/{p}/prompts/{s}.jsonl.zst", p=partition, s=shards(partition))
 
 
+def get_one_pass_states(wildcards):
+    """A one-pass partition's capture job packs the states its responses job staged (hidden_states.one_pass)."""
+    states = wf.one_pass_states(config, wildcards.partition)
+    return f"--states {states.format(shard=wildcards.shard)}" if states else ""
+
+
 def get_response_settings(wildcards):
     return RESPONSE_SETTINGS[wildcards.partition]
 

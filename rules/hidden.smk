@@ -18,10 +18,11 @@ rule hidden_states:
         gpu=HIDDEN_GPUS,
     params:
         settings=HIDDEN_SETTINGS,
+        states=get_one_pass_states,
     shell:
         logged(
             "python scripts/hidden_states.py --tokens {input.tokens} --out {output} "
-            "--settings {params.settings:q} --threads {threads}"
+            "--settings {params.settings:q} --threads {threads} {params.states}"
         )
 
 

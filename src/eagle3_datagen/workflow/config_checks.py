@@ -9,7 +9,7 @@ from eagle3_datagen.formats import sources
 from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import SOURCE_SUFFIXES, InputError
 from eagle3_datagen.formats.trainer_exports import EXPORTS
-from eagle3_datagen.workflow.partitions import hub_commit_or_error
+from eagle3_datagen.workflow.partitions import hub_commit_or_error, inference_backend
 
 
 def missing_sources(config: dict, config_files: list) -> list[str]:
@@ -75,7 +75,7 @@ def config_problems(config: dict, config_files: list, check_sources: bool) -> li
     take."""
     missing = missing_sources(config, config_files) if check_sources else []
     problems = demo_model_problems(config) + storage_problems(config)
-    return missing + problems + gate_problems(config)
+    return missing + problems + gate_problems(config) + one_pass_problems(config)
 
 
 def gate_problems(config: dict) -> list[str]:
@@ -139,3 +139,56 @@ def demo_or_model_hidden_size(config: dict) -> int | None:
         return config["demo"]["hidden_size"]
     model_dir = Path(config["model"]["path"])
     return int(text_config(model_dir)["hidden_size"]) if (model_dir / "config.json").exists() else None
+
+
+# A one-pass server's flags that the workflow sets itself (backends/vllm/one_pass.server_args): prefix caching
+# would let a request reuse cached blocks whose states it never computed, and the others are the extraction.
+ONE_PASS_OWN_FLAGS = ("--enable-prefix-caching", "--speculative-config", "--kv-transfer-config")
+
+
+def one_pass_problems(config: dict) -> list[str]:
+    """What `hidden_states.one_pass` cannot serve, refused before any job: no partition answered by a vLLM
+    server the workflow launches (a server at a URL may write its files where the jobs cannot read them, and
+    was started with flags the workflow does not know), a final slot after the norm (the server saves the
+    norm's input), the layer check (no model runs in the capture job), seeded sampling (with extraction on
+    it did not reproduce its own answers in the issue's trial: the states and ids would disagree), and
+    launch flags that the extraction needs set its own way."""
+    hidden = config["hidden_states"]
+    if not hidden["one_pass"]:
+        return []
+    served = [name for name in sorted(config["partitions"]) if inference_backend(config, name) == "vllm"]
+    if not served:
+        return ["hidden_states.one_pass: no partition is answered by inference backend vllm; set it false"]
+    problems = []
+    section = config["inference"].get("vllm") or {}
+    if "launch" not in section:
+        problems.append(
+            f"hidden_states.one_pass: partitions {served} are answered by a vLLM server at a URL; one pass needs "
+            "the server the workflow launches (inference.vllm.launch), which it starts with the extraction "
+            "settings and whose files its jobs read. Add a launch block, or set one_pass: false"
+        )
+    flags = [*section.get("launch", {}).get("args", []), *section.get("launch", {}).get("run_args", [])]
+    for flag in ONE_PASS_OWN_FLAGS:
+        if any(arg == flag or arg.startswith(f"{flag}=") for arg in flags):
+            problems.append(
+                f"hidden_states.one_pass: inference.vllm.launch sets {flag}, which one pass sets itself "
+                "(prefix caching off, the extraction's speculative and KV transfer configs): remove it"
+            )
+    if hidden["final"] != "raw":
+        problems.append(
+            "hidden_states.one_pass: the server saves layer N before the final norm: set hidden_states.final: raw "
+            "(the specforge export applies the norm)"
+        )
+    if hidden["layer_check_samples"]:
+        problems.append(
+            "hidden_states.one_pass: no model runs in a one-pass capture job, so the layer check cannot: set "
+            "hidden_states.layer_check_samples: 0"
+        )
+    sampling = {**config["inference"]["sampling"], **(section.get("sampling") or {})}
+    if sampling["temperature"] > 0 and sampling.get("seed") is not None:
+        problems.append(
+            f"hidden_states.one_pass: seeded sampling (temperature {sampling['temperature']}, seed "
+            f"{sampling['seed']}) does not reproduce with vLLM's extraction on: use greedy (temperature: 0), or "
+            "drop the seed, or set one_pass: false"
+        )
+    return problems

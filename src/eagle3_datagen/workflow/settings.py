@@ -49,6 +49,19 @@ def model_settings(config: dict) -> dict:
     return split(config["model"], "model")[0]
 
 
+# Where a one-pass server writes each request's states before its job stages them beside the responses:
+# on the results' filesystem, so that staging is a rename.
+ONE_PASS_STORAGE = "results/.one_pass"
+
+
+def one_pass_states(config: dict, partition: str) -> str | None:
+    """Where the partition's responses jobs stage its states in one-pass mode, as a `{shard}` pattern; None
+    where its capture jobs capture them."""
+    if not (config["hidden_states"]["one_pass"] and inference_backend(config, partition) == "vllm"):
+        return None
+    return f"results/{partition}/responses/{{shard}}.states"
+
+
 def response_settings(config: dict, partition: str) -> dict:
     """What shapes the partition's responses: its backend, sampling, that backend's output settings; for
     the `dataset` backend, the source its prompts were read from and how (no sampling: nothing is generated)."""
@@ -58,6 +71,8 @@ def response_settings(config: dict, partition: str) -> dict:
     inference = config["inference"]
     own = split(inference[backend], f"inference.{backend}")[0]
     own.pop("sampling", None)  # merged into `sampling`
+    if backend == "vllm" and config["hidden_states"]["one_pass"]:
+        own["one_pass"] = {"aux_layers": config["hidden_states"]["aux_layers"], "storage": ONE_PASS_STORAGE}
     sampling = sampling_for(config, backend)
     return {"backend": backend, "sampling": sampling, backend: own, "model": model_settings(config)}
 

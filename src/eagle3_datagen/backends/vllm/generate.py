@@ -6,6 +6,10 @@ conversation's tools declared) and sent as a list of token ids, with `return_tok
 `prompt_token_ids` what it read, checked against ours. Special tokens are kept in the text
 (`skip_special_tokens: false`); the turn is parsed from the ids, as for SGLang. vLLM keeps a stop token
 id in `token_ids`; `stop_reason` names a matched `stop_token_ids` entry, None for EOS.
+
+In one-pass mode (the section's `one_pass`: backends/vllm/one_pass.py) each request asks the server, started
+with hidden-state extraction, to save its prompt's and output's states too; the turn records the file's path
+(`produced_by.states_path`), and `finish_shard` stages each conversation's last one beside the responses.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 
 from eagle3_datagen.backends.base import RetryableError, ServerError, Turn, generation_limit
 from eagle3_datagen.backends.token_server import TokenServerBackend
+from eagle3_datagen.backends.vllm.one_pass import KV_TRANSFER_PARAMS, stage_states
 
 
 def _check_completion(body: dict) -> None:
@@ -68,7 +73,14 @@ class VLLMBackend(TokenServerBackend):
         }
         if self.sampling.get("seed") is not None and self.sampling["temperature"] > 0:
             payload["seed"] = self.sampling["seed"]
+        if self.settings.get("one_pass"):
+            payload["kv_transfer_params"] = KV_TRANSFER_PARAMS
         return payload
+
+    def finish_shard(self, rows: list[dict], out: str | Path) -> None:
+        """In one-pass mode, keep the states of each answered conversation beside the shard's responses."""
+        if self.settings.get("one_pass"):
+            stage_states(rows, out)
 
     async def generate(self, messages: list[dict], tools: list[dict] | None = None) -> Turn:
         prompt_ids = self.chat.prompt_ids(messages, tools)
@@ -85,4 +97,12 @@ class VLLMBackend(TokenServerBackend):
         finish = {"type": choice.get("finish_reason"), "matched": choice.get("stop_reason")}
         stop = (finish["type"] == "stop", finish["matched"])
         produced_by = {"attempts": attempts, "finish_reason": finish}
+        if self.settings.get("one_pass"):
+            saved = (body.get("kv_transfer_params") or {}).get("hidden_states_path")
+            if saved is None:
+                raise ServerError(
+                    f"the vLLM server at {self.url} saved no hidden states (hidden_states.one_pass): was it "
+                    "started with the extraction settings?"
+                )
+            produced_by["states_path"] = saved
         return self._turn(messages, tools, prompt_ids, list(choice["token_ids"]), stop, counts, produced_by)

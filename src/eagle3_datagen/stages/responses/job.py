@@ -9,7 +9,7 @@ from pathlib import Path
 from eagle3_datagen.backends.base import MissingApiKey, ServerError, ServerGone
 from eagle3_datagen.backends.ledger import Ledger, LedgerError
 from eagle3_datagen.backends.plugins import GENERATION, GenerationBackend
-from eagle3_datagen.formats.files import DiskFull, reporting_full_disk
+from eagle3_datagen.formats.files import DiskFull, read_jsonl, reporting_full_disk
 from eagle3_datagen.stages.responses.journaled import Budgets, IncompleteRun, run_journaled_responses
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,8 @@ def run_response_job(
                                 max_failed_rate=settings["max_failed_rate"],
                                 share=server_share(lease, backend, out),
                             )
+                            if hasattr(backend, "finish_shard"):  # e.g. vLLM's one pass: its staged states
+                                backend.finish_shard(read_jsonl(out), out)
                         log.info("%s: %s", out, {k: result[k] for k in ("prompts", "status", "failures", "usage")})
                         pending.pop(0)
                     return

@@ -1,0 +1,167 @@
+"""vLLM's one pass without vLLM: what validation refuses, the settings that reach the jobs, and staging and
+packing of files in the format vLLM 0.32.0's hidden-states connector writes (`hidden_states` [T, layers, H],
+`token_ids` [T], a `.lock` beside). tests/real_vllm/test_server.py runs it against vLLM's own server."""
+
+import copy
+import json
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from eagle3_datagen.backends.plugins import GENERATION
+from eagle3_datagen.backends.vllm.one_pass import (
+    StagedStates,
+    StagedStatesError,
+    launch_args_for,
+    pack_states,
+    stage_states,
+    states_dir,
+)
+from eagle3_datagen.config_schema import fill_defaults
+from eagle3_datagen.formats.files import write_jsonl_zst
+from eagle3_datagen.formats.hidden_shard import HiddenShard
+from eagle3_datagen.workflow import settings as wf
+from eagle3_datagen.workflow.config_checks import one_pass_problems
+from tests.helpers import HIDDEN_SETTINGS, REPO
+
+LAYERS, WIDTH = 4, 8
+AUX = [1, 2, 3]
+
+
+def one_pass_config(**hidden) -> dict:
+    config = fill_defaults(yaml.safe_load((REPO / "config.yaml").read_text()))
+    config["inference"]["backend"] = "vllm"
+    config["inference"]["vllm"] = fill_defaults({"launch": {"args": ["--dtype", "float32"]}}, "inference.vllm")
+    config["inference"]["sampling"].update(temperature=0.0, seed=None)
+    config["hidden_states"].update(one_pass=True, final="raw", layer_check_samples=0, **hidden)
+    return config
+
+
+def test_validation_refuses_what_one_pass_cannot_serve():
+    config = one_pass_config()
+    assert one_pass_problems(config) == []
+    assert one_pass_problems({**config, "hidden_states": {**config["hidden_states"], "one_pass": False}}) == []
+
+    def problems(change) -> list[str]:
+        changed = copy.deepcopy(config)
+        change(changed)
+        return one_pass_problems(changed)
+
+    seeded = problems(lambda c: c["inference"]["sampling"].update(temperature=0.7, seed=3))
+    assert len(seeded) == 1 and "seeded sampling (temperature 0.7, seed 3)" in seeded[0]
+    # unseeded sampling, or a seed under greedy decoding (never sent), is served
+    assert problems(lambda c: c["inference"]["sampling"].update(temperature=0.7)) == []
+    assert problems(lambda c: c["inference"]["sampling"].update(seed=3)) == []
+    at_url = problems(lambda c: c["inference"]["vllm"].pop("launch"))
+    assert len(at_url) == 1 and "inference.vllm.launch" in at_url[0]
+    caching = problems(lambda c: c["inference"]["vllm"]["launch"]["args"].append("--enable-prefix-caching"))
+    assert len(caching) == 1 and "sets --enable-prefix-caching" in caching[0]
+    normed = problems(lambda c: c["hidden_states"].update(final="normed", layer_check_samples=2))
+    assert len(normed) == 2 and "final: raw" in normed[0] and "layer_check_samples: 0" in normed[1]
+    no_vllm = problems(lambda c: c["inference"].update(backend="sglang"))
+    assert no_vllm == ["hidden_states.one_pass: no partition is answered by inference backend vllm; set it false"]
+
+
+def test_the_vllm_partitions_jobs_carry_one_pass_and_their_server_the_extraction_flags(tmp_path):
+    config = one_pass_config(aux_layers=AUX)
+    settings = wf.response_settings(config, "demo_sharegpt")
+    assert settings["vllm"]["one_pass"] == {"aux_layers": AUX, "storage": "results/.one_pass"}
+    assert wf.one_pass_states(config, "demo_sharegpt") == "results/demo_sharegpt/responses/{shard}.states"
+    off = {**config, "hidden_states": {**config["hidden_states"], "one_pass": False}}
+    assert "one_pass" not in wf.response_settings(off, "demo_sharegpt")["vllm"]
+    assert wf.one_pass_states(off, "demo_sharegpt") is None
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": LAYERS, "hidden_size": WIDTH}))
+    settings["model"]["path"] = str(tmp_path)
+    flags = launch_args_for(settings)
+    assert flags[0] == "--no-enable-prefix-caching"
+    speculative = json.loads(flags[flags.index("--speculative-config") + 1])
+    assert speculative["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [*AUX, LAYERS]
+    transfer = json.loads(flags[flags.index("--kv-transfer-config") + 1])
+    assert transfer["kv_connector_extra_config"]["shared_storage_path"].endswith("/results/.one_pass")
+    job = wf.merged(settings, wf.response_run_settings(config))  # as the rule hands them to the job
+    service = GENERATION["vllm"].launched_service(job, None)
+    assert service.command[-len(flags) :] == flags and "--dtype" in service.command
+
+
+def server_file(folder, name, ids, seed) -> tuple[str, torch.Tensor]:
+    """A request's file as vLLM's connector leaves it: the states of `ids`, and its lock."""
+    states = torch.randn(len(ids), len(AUX) + 1, WIDTH, generator=torch.Generator().manual_seed(seed))
+    path = folder / f"{name}.safetensors"
+    save_file({"hidden_states": states, "token_ids": torch.tensor(ids)}, str(path))
+    (folder / f"{name}.safetensors.lock").touch()
+    return str(path), states
+
+
+def answered(row_id, turns) -> dict:
+    """A responses row of `turns`: (output ids, states path)."""
+    messages = [{"role": "user", "content": "hi"}]
+    for output, path in turns:
+        messages.append({"role": "assistant", "output_ids": output, "produced_by": {"states_path": path}})
+        messages.append({"role": "user", "content": "more"})
+    return {"id": row_id, "messages": messages[:-1]}
+
+
+@pytest.fixture
+def staged(tmp_path):
+    """A shard of two conversations staged: one of one turn, one of two; and their token rows."""
+    server = tmp_path / "server"
+    server.mkdir()
+    first, first_states = server_file(server, "r1", [5, 6, 7, 40, 41], seed=1)
+    earlier, _ = server_file(server, "r2", [5, 8, 50], seed=2)
+    last, last_states = server_file(server, "r3", [5, 8, 50, 51, 9, 60, 61, 62], seed=3)
+    rows = [answered("a", [([40, 41, 2], first)]), answered("b", [([50, 51], earlier), ([60, 61, 62, 2], last)])]
+    out = tmp_path / "responses" / "00000.jsonl.zst"
+    out.parent.mkdir()
+    index = stage_states(rows, out)
+    tokens = [
+        # the template's rendering: the states' ids, the last generated id, what the template adds after it
+        {"id": "a", "input_ids": [5, 6, 7, 40, 41, 2, 77], "loss_mask": [0, 0, 0, 1, 1, 1, 0]},
+        {"id": "b", "input_ids": [5, 8, 50, 51, 9, 60, 61, 62, 2], "loss_mask": [0, 0, 1, 1, 0, 1, 1, 1, 1]},
+    ]
+    return out, index, tokens, {"a": first_states, "b": last_states}, server
+
+
+def test_staging_keeps_each_conversations_last_turn_and_removes_the_rest(staged):
+    out, index, _, _, server = staged
+    assert index == {"a": "000000.safetensors", "b": "000001.safetensors"}
+    assert sorted(p.name for p in states_dir(out).iterdir()) == [
+        "000000.safetensors",
+        "000001.safetensors",
+        "index.json",
+    ]
+    assert list(server.iterdir()) == []  # moved or removed, locks too
+
+
+def test_packing_writes_the_states_for_the_servers_ids_with_the_rows_cut_to_them(staged, tmp_path):
+    out, _, tokens, states, _ = staged
+    write_jsonl_zst(tmp_path / "tokens.jsonl.zst", tokens)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model/config.json").write_text(json.dumps({"num_hidden_layers": LAYERS, "hidden_size": WIDTH}))
+    hidden = {**HIDDEN_SETTINGS, "aux_layers": AUX}
+    index = pack_states(
+        tmp_path / "tokens.jsonl.zst", states_dir(out), tmp_path / "shard", hidden, {"path": str(tmp_path / "model")}
+    )
+    assert (index["samples"], index["tokens"], index["loss_tokens"], index["final"]) == (2, 13, 2 + 5, "raw")
+    stored = {row["id"]: row for row in HiddenShard(tmp_path / "shard")}
+    assert stored["a"]["input_ids"].tolist() == [5, 6, 7, 40, 41]
+    assert stored["b"]["loss_mask"].tolist() == [0, 0, 1, 1, 0, 1, 1, 1]
+    for row_id, expected in states.items():
+        assert torch.equal(stored[row_id]["aux_hidden_states"], expected[:, :-1].reshape(len(expected), -1))
+        assert torch.equal(stored[row_id]["hidden_states"], expected[:, -1])
+    assert not states_dir(out).exists()  # the shard is the one copy
+
+
+def test_a_row_whose_ids_do_not_start_with_the_states_ids_fails_the_job(staged, tmp_path):
+    out, _, tokens, _, _ = staged
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": LAYERS, "hidden_size": WIDTH}))
+    tokens[1]["input_ids"][4] = 10  # the template rendered the history other than the server read it
+    with pytest.raises(StagedStatesError, match=r"'b'.*first difference at 4"):
+        StagedStates(states_dir(out), tmp_path, AUX).samples(tokens)
+
+
+def test_staging_refuses_states_of_other_ids_than_the_turn_generated(tmp_path):
+    path, _ = server_file(tmp_path, "r1", [5, 6, 7, 40, 41], seed=1)
+    with pytest.raises(StagedStatesError, match="do not end with the 2 it generated"):
+        stage_states([answered("a", [([40, 42, 2], path)])], tmp_path / "00000.jsonl.zst")
