@@ -35,6 +35,19 @@ class VLLMBackend(TokenServerBackend):
 
     _served_name: str | None = None  # the name the server serves the model under (its /v1/models)
 
+    def __init__(self, model_path, sampling, settings, model_settings, server_alive=None):
+        # the workflow's, not the schema's: kept out of the section the fingerprint splits by the schema
+        self.one_pass = settings.get("one_pass")
+        section = {key: value for key, value in settings.items() if key != "one_pass"}
+        super().__init__(model_path, sampling, section, model_settings, server_alive)
+
+    def fingerprint(self) -> dict:
+        # a journal of answers that saved no states is not resumed in one-pass mode, nor the reverse
+        fingerprint = super().fingerprint()
+        if self.one_pass:
+            fingerprint["one_pass"] = self.one_pass
+        return fingerprint
+
     def _limits(self, settings: dict, sampling: dict) -> int:
         self.max_tokens = generation_limit(settings, sampling)
         self._slots = asyncio.Semaphore(settings["concurrency"])
@@ -73,13 +86,13 @@ class VLLMBackend(TokenServerBackend):
         }
         if self.sampling.get("seed") is not None and self.sampling["temperature"] > 0:
             payload["seed"] = self.sampling["seed"]
-        if self.settings.get("one_pass"):
+        if self.one_pass:
             payload["kv_transfer_params"] = KV_TRANSFER_PARAMS
         return payload
 
     def finish_shard(self, rows: list[dict], out: str | Path) -> None:
         """In one-pass mode, keep the states of each answered conversation beside the shard's responses."""
-        if self.settings.get("one_pass"):
+        if self.one_pass:
             stage_states(rows, out)
 
     async def generate(self, messages: list[dict], tools: list[dict] | None = None) -> Turn:
@@ -97,7 +110,7 @@ class VLLMBackend(TokenServerBackend):
         finish = {"type": choice.get("finish_reason"), "matched": choice.get("stop_reason")}
         stop = (finish["type"] == "stop", finish["matched"])
         produced_by = {"attempts": attempts, "finish_reason": finish}
-        if self.settings.get("one_pass"):
+        if self.one_pass:
             saved = (body.get("kv_transfer_params") or {}).get("hidden_states_path")
             if saved is None:
                 raise ServerError(
