@@ -4,6 +4,7 @@ packing of files in the format vLLM 0.32.0's hidden-states connector writes (`hi
 
 import copy
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -165,3 +166,35 @@ def test_staging_refuses_states_of_other_ids_than_the_turn_generated(tmp_path):
     path, _ = server_file(tmp_path, "r1", [5, 6, 7, 40, 41], seed=1)
     with pytest.raises(StagedStatesError, match="do not end with the 2 it generated"):
         stage_states([answered("a", [([40, 42, 2], path)])], tmp_path / "00000.jsonl.zst")
+
+
+def test_the_plan_shows_the_prefill_one_pass_saves_and_the_staged_states_disk(tmp_path):
+    from eagle3_datagen.reporting.plan import ScheduledJob, _one_pass_lines, plan_loads, plan_partition, plan_tokenizer
+
+    config = one_pass_config(aux_layers=AUX)
+    config["inference"]["vllm"]["launch"]["args"] = ["--dtype", "float32"]
+    config["plan"]["throughput"] = {"prefill_tokens_per_s": 1000.0}
+    messages = [{"role": "user", "content": "Tell me about lakes."}]
+    for partition in ("demo_sharegpt", "demo_openai"):
+        for shard in range(config["partitions"][partition]["shards"]):
+            path = tmp_path / partition / "prompts" / f"{shard:05d}.jsonl.zst"
+            write_jsonl_zst(path, [{"id": f"{shard}", "messages": messages, "source": "t"}])
+    config["partitions"]["demo_openai"]["backend"] = "sglang"  # captured as before
+    tokenizer = plan_tokenizer(config)
+    one_pass = plan_partition(config, "demo_sharegpt", tokenizer, tmp_path)
+    captured = plan_partition(config, "demo_openai", tokenizer, tmp_path)
+    assert captured.one_pass is None
+    assert {**one_pass.disk, "partition": ""} == {**captured.disk, "partition": ""}  # the same shards either way
+    tokens = one_pass.disk["tokens"]
+    hidden = config["demo"]["hidden_size"]
+    assert one_pass.one_pass == {
+        "prefill_node_hours_saved": pytest.approx(tokens / 1000.0 / 3600),
+        "staged_bytes": tokens * (len(AUX) + 1) * hidden * 4,  # float32: the server's --dtype
+    }
+    assert one_pass.hidden_node_hours == pytest.approx(tokens / one_pass.capture_rate["cpu_tokens_per_s"] / 3600)
+    jobs = [ScheduledJob("hidden_states", p, None) for p in ("demo_sharegpt", "demo_openai")]
+    assert plan_loads(config, jobs[:1], tmp_path)["capture_runner"]["loads"] == 0  # packing loads no model
+    assert plan_loads(config, jobs, tmp_path)["capture_runner"]["loads"] == 1
+    said = _one_pass_lines({"partitions": [asdict(one_pass), asdict(captured)]})
+    assert len(said) == 1 and said[0].startswith("\none pass (hidden_states.one_pass): demo_sharegpt save")
+    assert f"saving a prefill of {tokens / 1000.0 / 3600:.2f} node-h" in said[0]

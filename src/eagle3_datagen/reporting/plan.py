@@ -44,7 +44,7 @@ from eagle3_datagen.workflow.partitions import (
     shard_names,
 )
 from eagle3_datagen.workflow.rates import capture_rates, plan_rates
-from eagle3_datagen.workflow.settings import curve_fractions, sampling_for
+from eagle3_datagen.workflow.settings import curve_fractions, one_pass_states, sampling_for
 
 
 class ScheduledJob(NamedTuple):
@@ -98,7 +98,8 @@ def plan_loads(config: dict, jobs: list[ScheduledJob], logs: str | Path = "logs"
     """Per model: how many times the planned run loads it, seconds per load (and their basis), hours."""
     served = {p for p in config["partitions"] if served_by_launched_server(config, p)}
     generating = [j for j in jobs if j.rule in RESPONSE_RULES and j.partition in served]
-    capturing = [j for j in jobs if j.rule == "hidden_states"]
+    # a one-pass partition's capture jobs pack what its server saved: no model loads for them
+    capturing = [j for j in jobs if j.rule == "hidden_states" and one_pass_states(config, j.partition) is None]
     # the shard jobs of a node (an allocation) share one server, and one capture runner
     counts = {
         "generation_server": count_loads(generating, per_allocation),
@@ -131,6 +132,9 @@ class PartitionPlan:
     hidden_bytes: int  # the shards
     disk: dict = field(default_factory=dict)  # workflow/disk.PartitionBytes.as_dict: shards, exports, peak, end
     capture_rate: dict = field(default_factory=dict)  # the forward passes' and the CPU side's tokens/s
+    # hidden_states.one_pass: the capture's prefill is not run (its node-hours at the prefill rate, None
+    # without one), and the server's states lie beside the responses until packed (staged_bytes)
+    one_pass: dict | None = None
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -200,6 +204,14 @@ def plan_partition(
     )
     capture = capture_rates(config, per_token, rates["prefill_tokens_per_s"]["tokens_per_s"])
     capture_rate = capture["tokens_per_s"] if "gpu_tokens_per_s" in capture else None
+    one_pass = None
+    if one_pass_states(config, partition) is not None:
+        prefill = capture.get("gpu_tokens_per_s")
+        one_pass = {
+            "prefill_node_hours_saved": tokens.tokens / prefill / 3600 if prefill else None,
+            "staged_bytes": tokens.tokens * staged_bytes_per_token(config, states),
+        }
+        capture_rate = capture["cpu_tokens_per_s"]  # packing: the CPU side only
     return PartitionPlan(
         partition=partition,
         backend=backend,
@@ -215,7 +227,16 @@ def plan_partition(
         hidden_basis=f"{states.dtype}, {per_token} B/token; {'; '.join(counted.basis)}",
         disk=counted.as_dict(),
         capture_rate=capture,
+        one_pass=one_pass,
     )
+
+
+def staged_bytes_per_token(config: dict, states: storage.States) -> int:
+    """A one-pass server's file per token: the auxiliary layers and layer N at the server's dtype (its
+    `--dtype` flag; absent, a GPU's bf16)."""
+    args = (config["inference"].get("vllm") or {}).get("launch", {}).get("args", [])
+    dtype = args[args.index("--dtype") + 1] if "--dtype" in args[:-1] else "bfloat16"
+    return (states.aux_layers + 1) * states.hidden_size * (4 if dtype in ("float32", "float") else 2)
 
 
 def measured_draft_minutes(benchmarks: Path, copies: int) -> float | None:
@@ -404,6 +425,7 @@ def format_plan(plan: dict) -> str:
                 f"{_fmt(fs['needed_bytes'], 'bytes')} at once, but only {_fmt(fs['free_bytes'], 'bytes')} are "
                 f"{fs['room']}"
             )
+    lines += _one_pass_lines(plan)
     if plan["recapture"]:
         lines.append(
             f"\nWARNING: the released shards of {', '.join(plan['recapture'])} would be captured again (what shapes "
@@ -461,3 +483,19 @@ def _disk_lines(plan: dict) -> list[str]:
             f"{_fmt(fs['free_bytes'], 'bytes')} {fs['room'].split(' on the filesystem at ')[0]}"
         )
     return lines
+
+
+def _one_pass_lines(plan: dict) -> list[str]:
+    """What hidden_states.one_pass changes: the capture prefill it saves, the disk its staged states take."""
+    rows = [r for r in plan["partitions"] if r.get("one_pass")]
+    if not rows:
+        return []
+    saved = [r["one_pass"]["prefill_node_hours_saved"] for r in rows]
+    hours = _fmt(sum(saved)) if None not in saved else "n/a (no plan.throughput.prefill_tokens_per_s)"
+    staged = sum(r["one_pass"]["staged_bytes"] for r in rows)
+    return [
+        f"\none pass (hidden_states.one_pass): {', '.join(r['partition'] for r in rows)} save their states in the "
+        f"generation request; their capture jobs only pack them (hidden node-h above: the CPU side), saving a "
+        f"prefill of {hours} node-h; the server's states lie beside the responses until packed: up to "
+        f"{_fmt(staged, 'bytes')} (a multi-turn conversation's earlier turns' files until its shard ends too)"
+    ]
