@@ -13,6 +13,7 @@ the states its responses job staged are packed into the shard (backends/vllm/one
 """
 
 import errno
+import shutil
 from pathlib import Path
 
 from eagle3_datagen import cli
@@ -47,6 +48,8 @@ def main() -> None:
                 capture_with_runner(args.tokens, args.out, args.settings, args.threads, RUNNER)
             if shaped_by:
                 keep_finished(args.out, shaped_by)
+        if args.states and Path(args.states).is_dir() and Path(args.out).is_dir():
+            shutil.rmtree(args.states)  # the shard restored or written by another copy: it is the one copy
 
 
 if __name__ == "__main__":
