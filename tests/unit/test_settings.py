@@ -111,6 +111,9 @@ def scope(key: str) -> tuple[str, set[str] | None]:
     """(the stage a change of `key` must schedule, the partitions it may touch; None: any)."""
     if key.startswith("demo.") or key in ("model.path", "partitions.*.format"):
         return "build_demo_model", None  # the demo model is built from these and everything reads it
+    if key == "hidden_states.one_pass":
+        # the vLLM partitions' responses save their states now (their requests change), and what follows
+        return "responses", None
     if key.startswith("partitions."):
         return ("prompts" if key != "partitions.*.backend" else "responses"), {"demo_alpaca"}
     stage = key.split(".")[0]
