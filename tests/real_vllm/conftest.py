@@ -40,3 +40,18 @@ def hf_model(vllm_model_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def demo_results(tmp_path_factory) -> Path:
+    """The demo model the workflow builds (results/demo), built once for the workflow runs of this tier, which
+    copy it into their own workflow directory and name it as a production model."""
+    import yaml
+
+    from tests.helpers import copy_workflow
+    from tests.real_vllm.test_workflow import demo_config, snakemake_run
+
+    work = copy_workflow(tmp_path_factory.mktemp("vllm-demo") / "wf")
+    (work / "demo.yaml").write_text(yaml.safe_dump(demo_config()))
+    snakemake_run(work, "demo.yaml", "results/demo/model")
+    return work / "results" / "demo"

@@ -4,6 +4,7 @@ hidden_states jobs only pack them: no capture runner starts, no model loads for 
 tests/real_vllm/test_workflow.py with that one setting changed; one run serves the module."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -12,14 +13,13 @@ import yaml
 from eagle3_datagen.backends.hf.capture import HFCapture
 from eagle3_datagen.formats.hidden_shard import HiddenShard
 from tests.helpers import copy_workflow
-from tests.real_vllm.test_workflow import PARTITIONS, STORED, demo_config, rows, run_config, shards, snakemake_run
+from tests.real_vllm.test_workflow import PARTITIONS, STORED, rows, run_config, shards, snakemake_run
 
 
 @pytest.fixture(scope="module")
-def one_pass_run(tmp_path_factory):
+def one_pass_run(tmp_path_factory, demo_results):
     work = copy_workflow(tmp_path_factory.mktemp("vllm-one-pass") / "wf")
-    (work / "demo.yaml").write_text(yaml.safe_dump(demo_config()))
-    snakemake_run(work, "demo.yaml", "results/demo/model")
+    shutil.copytree(demo_results, work / "results" / "demo")  # conftest.py builds it once for the tier
     config = run_config()
     config["hidden_states"]["one_pass"] = True
     (work / "one_pass.yaml").write_text(yaml.safe_dump(config))

@@ -6,12 +6,13 @@ stood in, through the probe and both trainers' exports. One run serves the modul
 Snakemake and the CPU stages run in the project's venv as a user's run does; the server and the capture
 runner run in .venv-vllm, named by the two settings a user gives for it: `inference.vllm.launch.command`
 and `hidden_states.runner.python`. The demo model is built first (two heads of 32: vLLM's CPU attention
-needs head_dim >= 32) and then named as a production model directory, as tests/real_sglang/test_workflow.py
-does.
+needs head_dim >= 32; conftest.py builds it once for the tier's workflow runs) and then named as a production
+model directory, as tests/real_sglang/test_workflow.py does.
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -78,10 +79,9 @@ def run_config() -> dict:
 
 
 @pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory):
+def vllm_run(tmp_path_factory, demo_results):
     work = copy_workflow(tmp_path_factory.mktemp("vllm-workflow") / "wf")
-    (work / "demo.yaml").write_text(yaml.safe_dump(demo_config()))
-    snakemake_run(work, "demo.yaml", "results/demo/model")
+    shutil.copytree(demo_results, work / "results" / "demo")  # conftest.py builds it once for the tier
     (work / "vllm.yaml").write_text(yaml.safe_dump(run_config()))
     snakemake_run(work, "vllm.yaml")
     return work

@@ -5,6 +5,7 @@ packing of files in the format vLLM 0.32.0's hidden-states connector writes (`hi
 import copy
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -198,3 +199,30 @@ def test_the_plan_shows_the_prefill_one_pass_saves_and_the_staged_states_disk(tm
     said = _one_pass_lines({"partitions": [asdict(one_pass), asdict(captured)]})
     assert len(said) == 1 and said[0].startswith("\none pass (hidden_states.one_pass): demo_sharegpt save")
     assert f"saving a prefill of {tokens / 1000.0 / 3600:.2f} node-h" in said[0]
+
+
+def test_staging_waits_for_a_file_the_server_is_still_writing(tmp_path):
+    """The server answers before its writer thread writes the file; the lock, held exclusively from the
+    request's scheduling until the file is written, is what staging waits on."""
+    import fcntl
+    import os
+    import threading
+    import time
+
+    path = tmp_path / "r1.safetensors"
+    lock_fd = os.open(f"{path}.lock", os.O_CREAT | os.O_WRONLY)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+
+    def write_later():
+        time.sleep(0.5)
+        save_file(
+            {"hidden_states": torch.zeros(5, len(AUX) + 1, WIDTH), "token_ids": torch.tensor([5, 6, 7, 40, 41])},
+            str(path),
+        )
+        os.close(lock_fd)
+
+    writer = threading.Thread(target=write_later)
+    writer.start()
+    index = stage_states([answered("a", [([40, 41, 2], str(path))])], tmp_path / "00000.jsonl.zst")
+    writer.join()
+    assert index == {"a": "000000.safetensors"} and not path.exists() and not Path(f"{path}.lock").exists()

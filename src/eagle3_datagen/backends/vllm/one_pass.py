@@ -79,23 +79,22 @@ def states_dir(responses_path: str | Path) -> Path:
     return path.with_name(path.name.removesuffix(".jsonl.zst") + ".states")
 
 
-def _saved_ids(path: Path) -> list[int]:
-    """The token ids of a request's states file, once the server's writer is done with it (vLLM's lock
-    file protocol: a shared lock waits for the writer's exclusive one); the lock file is removed."""
-    from safetensors import safe_open
-
+def _wait_written(path: str | Path) -> None:
+    """Return once the server's writer is done with a request's file, and remove its lock file. vLLM's lock
+    file protocol: the lock exists, held exclusively, from the request's scheduling until its file is
+    written (before the client gets the path), so a shared lock waits for the file."""
     lock = Path(f"{path}.lock")
     if lock.exists():
         with open(lock) as held:
             fcntl.flock(held, fcntl.LOCK_SH)
-        lock.unlink()
+        lock.unlink(missing_ok=True)
+
+
+def _saved_ids(path: Path) -> list[int]:
+    from safetensors import safe_open
+
     with safe_open(str(path), "pt") as f:
         return f.get_tensor("token_ids").tolist()
-
-
-def _remove(path: str | Path) -> None:
-    for name in (f"{path}.lock", str(path)):
-        Path(name).unlink(missing_ok=True)
 
 
 def stage_states(rows: list[dict], responses_path: str | Path) -> dict:
@@ -114,8 +113,9 @@ def stage_states(rows: list[dict], responses_path: str | Path) -> dict:
             source = (turn.get("produced_by") or {}).get("states_path")
             if source is None:
                 continue
+            _wait_written(source)
             if k < len(turns) - 1:
-                _remove(source)
+                Path(source).unlink(missing_ok=True)
                 continue
             target = work / f"{number:06d}.safetensors"
             if Path(source).exists():
