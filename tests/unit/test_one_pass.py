@@ -226,3 +226,8 @@ def test_staging_waits_for_a_file_the_server_is_still_writing(tmp_path):
     index = stage_states([answered("a", [([40, 41, 2], str(path))])], tmp_path / "00000.jsonl.zst")
     writer.join()
     assert index == {"a": "000000.safetensors"} and not path.exists() and not Path(f"{path}.lock").exists()
+
+
+def test_a_one_token_answer_stages_the_prompts_states(tmp_path):
+    path, _ = server_file(tmp_path, "r1", [5, 6, 7], seed=1)
+    assert stage_states([answered("a", [([2], path)])], tmp_path / "00000.jsonl.zst") == {"a": "000000.safetensors"}

@@ -100,7 +100,7 @@ def _saved_ids(path: Path) -> list[int]:
 def stage_states(rows: list[dict], responses_path: str | Path) -> dict:
     """Keep the states of each row's last assistant turn in `states_dir(responses_path)` (written under a
     temporary name, renamed when whole), checked to end with that turn's output ids but the last; remove
-    the earlier turns' files. Returns the staged index: row id -> (file, tokens)."""
+    the earlier turns' files. Returns the staged index: row id -> file name."""
     final = states_dir(responses_path)
     work = final.with_name(f".{final.name}.partial")
     if final.exists():  # an earlier run's, of other answers
@@ -120,8 +120,8 @@ def stage_states(rows: list[dict], responses_path: str | Path) -> dict:
             target = work / f"{number:06d}.safetensors"
             if Path(source).exists():
                 ids = _saved_ids(Path(source))
-                produced = turn["output_ids"][:-1]
-                if not produced or ids[-len(produced) :] != produced:
+                produced = turn["output_ids"][:-1]  # none for a one-token answer: the prompt's states only
+                if len(ids) <= len(produced) or (produced and ids[-len(produced) :] != produced):
                     raise StagedStatesError(
                         f"{source}: the server saved states of {len(ids)} ids that do not end with the "
                         f"{len(produced)} it generated for {row['id']!r} but the last"
