@@ -65,8 +65,18 @@ def samples_for(rows, model_dir, model_settings=THINKING_OFF):
     return samples
 
 
-def shard(tmp_path, name, samples, model_dir, final="normed", final_layer=None, storage=None, capture_class=HFCapture):
-    capture = capture_class(model_dir, "auto", final, {"dtype": "float32", "device": "cpu"})
+def shard(
+    tmp_path,
+    name,
+    samples,
+    model_dir,
+    final="normed",
+    final_layer=None,
+    storage=None,
+    capture_class=HFCapture,
+    aux="auto",
+):
+    capture = capture_class(model_dir, aux, final, {"dtype": "float32", "device": "cpu"})
     if final_layer is not None:
         capture.num_layers = final_layer  # a capture that takes the final state from another layer
     out = tmp_path / name
@@ -311,3 +321,8 @@ def test_reversed_aux_layers_fail_the_floor(tmp_path, sharp_model_dir, sampled_s
     named = ", ".join(f"hidden_states[{layer}] {c:.3f}" for layer, c in zip([2, 4, 5], cosines[::-1], strict=True))
     assert f"median cosine of the slots index.json names {named}" in str(failure.value)
     assert "likelier from the final state" not in str(failure.value)  # the final slot passes
+    # layers listed out of depth order, and stored as listed: the order is read from their numbers
+    listed = probe_sampled(tmp_path, shard(tmp_path, "listed", sampled_samples, model, aux=[5, 2, 4]), model)
+    assert listed["verdict"] != "fail" and listed["aux_depth"]["layers"] == [5, 2, 4]
+    assert listed["aux_depth"]["in_order_share"] == good["aux_depth"]["in_order_share"]
+    assert listed["aux_depth"]["median_cosine_with_final"] == [cosines[2], cosines[0], cosines[1]]
