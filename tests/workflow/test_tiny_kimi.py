@@ -302,8 +302,9 @@ def test_its_answers_at_temperature_1_pass_the_alignment_floor_and_planted_defec
     says = r"index.json says the final slot is normed, but [0-9.]+% of the probed rows .* the slot holds raw states"
     with pytest.raises(ProbeFailure, match=says):
         probed("raw_said_normed", says="normed")
-    with pytest.raises(ProbeFailure, match=r"rise in the order of their layers on [0-9.]+% of") as failure:
+    # its slots rise with depth on every row measured (164; medians 0.945, 0.984, 0.989), reversed on none
+    assert good["aux_depth"]["layers"] == [2, 4, 5] and good["aux_depth"]["in_order_share"] >= 0.9
+    with pytest.raises(ProbeFailure, match=r"shard reversed \(hf\): the auxiliary slots' cosines .* on 0\.0% of"):
         probed("reversed", ReversedAuxCapture)
-    print(failure.value)
-    one_late = probed("aux_one_late", AuxOneLayerLateCapture)
-    print(f"aux one layer late: {one_late['aux_depth']}")
+    one_late = probed("aux_one_late", AuxOneLayerLateCapture)  # 0.994 measured: the order holds
+    assert one_late["verdict"] == "ok" and one_late["aux_depth"]["in_order_share"] >= 0.9
