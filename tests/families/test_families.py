@@ -34,8 +34,9 @@ TOOL_PROMPTS = 2  # of the partition's seven prompts, two call get_weather befor
 # Cairo's tool result (the same output after 80 or 160 training steps; other machines answered it well). The model
 # is fitted on the machine that runs the test, so its weights differ by CPU: on an Intel Xeon (2026-12-07) 7 of 7
 # rows were well formed, `<tool_call>` 8.8-10.5 logits below the first token of each tool-result answer and at
-# least 3.5 below the chosen token at every step. A turn that opens `<tool_call>` without a call is malformed
-# as SGLang's Qwen parser reads it too: the model's output, not our parsing (the AMD row itself is not kept).
+# least 3.5 below the chosen token at every step. A turn with `<tool_call>\n` but no declared call in it is
+# malformed as SGLang's qwen25 parser reads it (chat/families/qwen3.py): the model's output, as far as the
+# commit message's description goes (the AMD row itself is not kept).
 MAY_BE_MALFORMED = {"qwen3-hybrid": 1}
 
 
