@@ -375,7 +375,8 @@ def verdict(result: dict, settings: ProbeSettings, greedy_exact: bool) -> tuple[
     """`ok`, `warn` or `fail`, with the reasons.
 
     Any data fails when its final states sit off their tokens (`aligned_best_share` below
-    `min_aligned_best_share`) or hold the other kind of final state than index.json says. Greedy data
+    `min_aligned_best_share`), hold the other kind of final state than index.json says, or its auxiliary
+    slots lie out of their layers' depth order (`in_order_share` below `min_aux_in_order_share`). Greedy data
     with exact output IDs must also reproduce its last turns (the earlier turns of a multi-turn sample
     sit in a context the template may render differently from the one they were generated in; they are
     reported, not judged); other data warns on a low log-probability. Lossy storage fails any data that
