@@ -7,7 +7,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 unexport PYTHONDONTWRITEBYTECODE
 
 # `make help` lists the targets: the `##` comment on each target's line.
-.PHONY: help install sglang-env vllm-env speculators-env specforge-env node-envs slurm-packages check-envs test-node-env demo tiny-kimi test test-main test-apart test-fast lint clean
+.PHONY: help install sglang-env vllm-env speculators-env specforge-env node-envs vllm-node-env slurm-packages check-envs test-node-env demo tiny-kimi test test-main test-apart test-fast lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /\1\t/' | expand -t 16
@@ -66,6 +66,18 @@ $(SPECFORGE_VENV)/.installed-cuda: envs/specforge-cpu.txt pyproject.toml
 	$(NODE_UV) $$(grep '^torch==' $<)
 	$(NODE_UV) --no-deps -r $<
 	$(NODE_UV) --no-deps -e .
+	$(@D)/bin/python -c $(CUDA_TORCH)
+	touch $@
+
+# Another launched backend's node venv (`make vllm-node-env`: .venv-vllm-gpu, for `backend: vllm`): its own
+# complete pins envs/NAME-gpu.txt with the project and its dependencies, as envs/NAME.yaml installs them under
+# --sdm conda; its torch is that backend's own CUDA pin (vLLM 0.33.0's 2.14.0), unlike .venv-gpu's.
+vllm-node-env: .venv-vllm-gpu/.installed ## vLLM 0.33.0 on its CUDA torch with the project and Snakemake (.venv-vllm-gpu), for backend: vllm on the node
+
+.venv-%-gpu/.installed: envs/%-gpu.txt pyproject.toml
+	$(NODE_PYTHON) -m venv $(@D)
+	$(@D)/bin/python -m pip install --quiet --disable-pip-version-check uv==0.13.8
+	$(NODE_UV) -r $< -e .
 	$(@D)/bin/python -c $(CUDA_TORCH)
 	touch $@
 

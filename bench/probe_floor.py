@@ -4,7 +4,9 @@
 For each hidden-state shard: `aligned_best_share` (the share of stored tokens likelier from the final
 state before them than from the states one row earlier and later) and `normed_share` (rows that are
 the final norm's output) as the probe computes them, on the shard as stored and with its final states
-one row early, one row late, and of the other kind than index.json says. Prints one JSON line a shard.
+one row early, one row late, and of the other kind than index.json says; and the auxiliary slots'
+depth order (`in_order_share`, the median cosine of each slot with the final state) as stored and with
+the slots reversed. Prints one JSON line a shard.
 
 Usage: python bench/probe_floor.py --model results/demo/model results/*/hidden/0000*
 Run from the repository root with the project's venv on PATH.
@@ -17,7 +19,7 @@ import numpy as np
 import torch
 
 from eagle3_datagen.formats.hidden_shard import HiddenShard
-from eagle3_datagen.stages.probe import NORMED_RMS_TOLERANCE, LMHead
+from eagle3_datagen.stages.probe import NORMED_RMS_TOLERANCE, SINK_ROWS, LMHead, _aux_depth
 
 
 def measure(head: LMHead, samples: list, normed: bool) -> dict:
@@ -44,6 +46,20 @@ def measure(head: LMHead, samples: list, normed: bool) -> dict:
     }
 
 
+def aux_depth(head: LMHead, shard: HiddenShard) -> dict:
+    """The slots' depth order as the probe reads it, at every trained position past the sink rows, as stored
+    and with the slots reversed."""
+    normed, layers = shard.index["final"] == "normed", shard.index["aux_layers"]
+    cosines = []
+    for s in shard.iter_samples(("loss_mask", "aux_hidden_states", "hidden_states")):
+        rows = np.flatnonzero(s["loss_mask"].numpy()) - 1
+        rows = torch.as_tensor(rows[rows >= SINK_ROWS])
+        aux = s["aux_hidden_states"][rows].reshape(len(rows), len(layers), -1)
+        cosines.append(head.cosines_with_final(aux, s["hidden_states"][rows], normed))
+    cosines = torch.cat(cosines)
+    return {"stored": _aux_depth(cosines, layers), "reversed": _aux_depth(cosines.flip(1), layers)}
+
+
 def planted(head: LMHead, shard_dir: str) -> dict:
     shard = HiddenShard(shard_dir)
     final = shard.index["final"]
@@ -59,6 +75,7 @@ def planted(head: LMHead, shard_dir: str) -> dict:
         result["raw_says_normed"] = measure(head, good, True)
     else:  # raw rows cannot be rebuilt from normed ones: the normed rows read as raw
         result["normed_says_raw"] = measure(head, good, False)
+    result["aux_depth"] = aux_depth(head, shard)
     return result
 
 

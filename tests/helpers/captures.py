@@ -18,3 +18,16 @@ class ReversedAuxCapture(HFCapture):
     def __call__(self, batch):
         n = len(self.aux_layers)
         return [(torch.cat(aux.chunk(n, dim=-1)[::-1], dim=-1), final) for aux, final in super().__call__(batch)]
+
+
+class AuxOneLayerLateCapture(HFCapture):
+    """Each auxiliary slot from the layer after the one index.json names (hidden_states 3, 5, 6 where it names
+    2, 4, 5), as a capture that takes a layer's output where its input is meant writes."""
+
+    def __call__(self, batch):
+        named = self.aux_layers
+        self.aux_layers = [layer + 1 for layer in named]
+        try:
+            return super().__call__(batch)
+        finally:
+            self.aux_layers = named

@@ -118,7 +118,8 @@ def test_a_launched_vllm_server_and_its_capture_are_checked_by_their_registry_en
     assert "(vllm.entrypoints.openai.api_server)" in vllm and "(envs/vllm.yaml)" in vllm
     # each backend's own node environment: SGLang's .venv-gpu holds no vLLM
     assert ".venv-gpu" in sglang and ".venv-gpu" not in vllm and ".venv-gpu" not in runner
-    assert "-r envs/vllm-gpu.txt -e ." in vllm and "[.venv-vllm-gpu/bin/python, -m," in vllm
+    assert "`make vllm-node-env`" in vllm and "(envs/vllm-gpu.txt)" in vllm
+    assert "[.venv-vllm-gpu/bin/python, -m," in vllm
     assert runner.startswith(f"vLLM is not importable by {VENV_BIN}/python, which runs the capture runner (python) ")
     assert "hidden_states.backend: vllm" in runner and "set hidden_states.runner.python" in runner
     # the interpreter the user names for the runner is the one checked

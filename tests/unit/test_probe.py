@@ -65,8 +65,18 @@ def samples_for(rows, model_dir, model_settings=THINKING_OFF):
     return samples
 
 
-def shard(tmp_path, name, samples, model_dir, final="normed", final_layer=None, storage=None, capture_class=HFCapture):
-    capture = capture_class(model_dir, "auto", final, {"dtype": "float32", "device": "cpu"})
+def shard(
+    tmp_path,
+    name,
+    samples,
+    model_dir,
+    final="normed",
+    final_layer=None,
+    storage=None,
+    capture_class=HFCapture,
+    aux="auto",
+):
+    capture = capture_class(model_dir, aux, final, {"dtype": "float32", "device": "cpu"})
     if final_layer is not None:
         capture.num_layers = final_layer  # a capture that takes the final state from another layer
     out = tmp_path / name
@@ -261,6 +271,12 @@ def test_sampled_data_passes_the_floor_and_states_one_token_off_fail_it(tmp_path
     raw = probe_sampled(tmp_path, shard(tmp_path, "raw", sampled_samples, model, final="raw"), model)
     assert raw["alignment"]["aligned_best_share"] == pytest.approx(good["alignment"]["aligned_best_share"])
     assert (raw["final_norm"]["normed_share"], raw["final_norm"]["holds"]) == (0.0, "raw")
+    # the normed final row divided by the norm's weight points where the raw one does: the same depth order
+    assert good["aux_depth"]["rows"] == raw["aux_depth"]["rows"] == 192
+    assert raw["aux_depth"]["median_cosine_with_final"] == pytest.approx(
+        good["aux_depth"]["median_cosine_with_final"], abs=1e-3
+    )
+    assert raw["aux_depth"]["in_order_share"] == pytest.approx(good["aux_depth"]["in_order_share"], abs=0.02)
     off = shard(tmp_path, "off_by_one", sampled_samples, model, capture_class=OffByOneCapture)
     with pytest.raises(ProbeFailure, match=r"shard off_by_one \(hf\): [0-9.]+% of the stored tokens") as failure:
         probe_sampled(tmp_path, off, model)
@@ -290,14 +306,23 @@ def test_a_final_slot_of_the_other_kind_than_index_json_says_fails(
         probe_sampled(tmp_path, out, sharp_model_dir)
 
 
-def test_reversed_aux_layers_pass_the_probe(tmp_path, sharp_model_dir, sampled_samples):
-    """The probe reads the final slot only: auxiliary layers stored in reverse order pass it with the good
-    shard's numbers. The smoke run's layer check and the evaluate stage's quick fail catch them
-    (tests/workflow/test_planted_defect.py)."""
+def test_reversed_aux_layers_fail_the_floor(tmp_path, sharp_model_dir, sampled_samples):
+    """Auxiliary layers stored in reverse order (5, 4, 2 where index.json names 2, 4, 5): the final slot's checks
+    pass them, the slots' depth order fails them. The good shard's slots rise with depth on 96% of the rows
+    (median cosines with the final state 0.86, 0.90, 0.92); reversed, on none."""
     model = sharp_model_dir
     good = probe_sampled(tmp_path, shard(tmp_path, "good", sampled_samples, model), model)
-    reversed_aux = probe_sampled(
-        tmp_path, shard(tmp_path, "reversed", sampled_samples, model, capture_class=ReversedAuxCapture), model
-    )
-    assert reversed_aux["verdict"] == good["verdict"] != "fail"
-    assert reversed_aux["alignment"] == good["alignment"] and reversed_aux["all"] == good["all"]
+    assert good["aux_depth"]["layers"] == [2, 4, 5] and good["aux_depth"]["in_order_share"] > 0.9
+    cosines = good["aux_depth"]["median_cosine_with_final"]
+    assert cosines == sorted(cosines) and cosines[0] < 0.9
+    reversed_dir = shard(tmp_path, "reversed", sampled_samples, model, capture_class=ReversedAuxCapture)
+    with pytest.raises(ProbeFailure, match=r"rise in the order of their layers on 0\.0% of 192 rows") as failure:
+        probe_sampled(tmp_path, reversed_dir, model)
+    named = ", ".join(f"hidden_states[{layer}] {c:.3f}" for layer, c in zip([2, 4, 5], cosines[::-1], strict=True))
+    assert f"median cosine of the slots index.json names {named}" in str(failure.value)
+    assert "likelier from the final state" not in str(failure.value)  # the final slot passes
+    # layers listed out of depth order, and stored as listed: the order is read from their numbers
+    listed = probe_sampled(tmp_path, shard(tmp_path, "listed", sampled_samples, model, aux=[5, 2, 4]), model)
+    assert listed["verdict"] != "fail" and listed["aux_depth"]["layers"] == [5, 2, 4]
+    assert listed["aux_depth"]["in_order_share"] == good["aux_depth"]["in_order_share"]
+    assert listed["aux_depth"]["median_cosine_with_final"] == [cosines[2], cosines[0], cosines[1]]

@@ -21,8 +21,8 @@ BELOW = r"partition (\w+): acceptance length ([\d.]+) is below evaluate.min_acce
 def plant_wrong_aux_layers(export):
     """Every sample of a SpecForge export with its auxiliary states in reverse layer order (layers 5, 4, 2
     where the draft config and SGLang read 2, 4, 5): what a capture that lists hidden_states.aux_layers in
-    another order than the export names them would write. The probe reads the final layer of the hidden-state
-    shards only (its agreement with the LM head), so it passes these shards as before."""
+    another order than the export names them would write, after the probe: it read the hidden-state shards,
+    whose slots keep their order, and passed them."""
     samples = sorted(export.glob("rows_*/*.ckpt"))
     for path in samples:
         sample = torch.load(path, weights_only=True)

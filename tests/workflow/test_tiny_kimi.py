@@ -23,7 +23,7 @@ from eagle3_datagen.stages.probe import ProbeFailure, ProbeSettings, run_probe
 from eagle3_datagen.stages.responses.journaled import Budgets, run_journaled_responses
 from eagle3_datagen.stages.tokens import TokenSettings, build_samples, loss_spans
 from tests.helpers import KIMI_FILES, REPO, copy_workflow, run
-from tests.helpers.captures import OffByOneCapture, ReversedAuxCapture
+from tests.helpers.captures import AuxOneLayerLateCapture, OffByOneCapture, ReversedAuxCapture
 from tests.helpers.curves import curves_beside_baselines
 
 pytestmark = pytest.mark.e2e
@@ -265,9 +265,9 @@ def test_its_answers_at_temperature_1_pass_the_alignment_floor_and_planted_defec
     """The probe's hard floor on the tiny Kimi's own answers sampled at temperature 1 (to the smoke run's tiny_chat
     prompts, with its model): its fit counts the ~160k vocabulary rows it leaves untrained, so it samples the
     answers it learnt rather than them (docs/report.md). The tokens stage's gates drop none, and the hf capture's
-    shard passes the floor; stored one row early it fails it, and its raw final slot said normed fails the norm
-    check. Reversed auxiliary layers pass the probe, which reads the final slot only: the layer check catches
-    them (above)."""
+    shard passes the floor; stored one row early it fails it, its raw final slot said normed fails the norm
+    check, and its auxiliary layers reversed fail the slots' depth order. Each slot one layer late keeps that
+    order and passes the probe: the layer check catches it (tests/unit/test_layer_check.py)."""
     config = fill_defaults(yaml.safe_load((REPO / "config/tiny-kimi.yaml").read_text()))
     model_dir, floor = tiny_kimi_dir / "results/tiny-kimi/model", config["probe"]["min_aligned_best_share"]
     sampling = {**config["inference"]["sampling"], "temperature": 1.0}
@@ -291,7 +291,7 @@ def test_its_answers_at_temperature_1_pass_the_alignment_floor_and_planted_defec
         )
 
     good = probed("good")
-    print(f"\ntiny Kimi at temperature 1: {good['alignment']}")
+    print(f"\ntiny Kimi at temperature 1: {good['alignment']}, {good['aux_depth']}")
     assert good["verdict"] == "ok" and good["greedy_exact"] is False and good["alignment"]["positions"] > 50
     assert good["alignment"]["aligned_best_share"] >= max(floor, 0.9) and good["alignment"]["margin"] > 8.0
     assert good["all"]["mean_logprob"] > -2.0  # a quarter to a third of the mass before its fit counted the rest
@@ -302,5 +302,9 @@ def test_its_answers_at_temperature_1_pass_the_alignment_floor_and_planted_defec
     says = r"index.json says the final slot is normed, but [0-9.]+% of the probed rows .* the slot holds raw states"
     with pytest.raises(ProbeFailure, match=says):
         probed("raw_said_normed", says="normed")
-    reversed_aux = probed("reversed", ReversedAuxCapture)
-    assert reversed_aux["verdict"] == "ok" and reversed_aux["alignment"] == good["alignment"]
+    # its slots rise with depth on every row measured (164; medians 0.945, 0.984, 0.989), reversed on none
+    assert good["aux_depth"]["layers"] == [2, 4, 5] and good["aux_depth"]["in_order_share"] >= 0.9
+    with pytest.raises(ProbeFailure, match=r"shard reversed \(hf\): the auxiliary slots' cosines .* on 0\.0% of"):
+        probed("reversed", ReversedAuxCapture)
+    one_late = probed("aux_one_late", AuxOneLayerLateCapture)  # 0.994 measured: the order holds
+    assert one_late["verdict"] == "ok" and one_late["aux_depth"]["in_order_share"] >= 0.9

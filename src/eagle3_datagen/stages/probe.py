@@ -9,13 +9,16 @@ misaligned with the IDs, the wrong final layer, a chat template other than the o
 responses were generated with, or IDs the model never produced all pull it down, most
 visibly at the first positions after the generation prompt.
 
-Two checks hold for any data, sampled or rebuilt from text, where the absolute log-probability
+Three checks hold for any data, sampled or rebuilt from text, where the absolute log-probability
 depends on the temperature and on how well the model predicts text it did not write. Alignment:
 the share of stored tokens likelier from the state before them than from the states one row
 earlier and one row later (states stored one token off hand the win to a neighbour; with no
 information each of the three wins a third). The final norm: a row the final RMS norm wrote,
 divided by the norm's weight, has an RMS of exactly 1; a raw residual row has not, so the stored
-rows show which kind the final slot holds.
+rows show which kind the final slot holds. The auxiliary slots' depth order: in a residual stream
+each layer adds to the state before it, so a deeper layer's state lies closer to the last layer's,
+and the slots' cosines with the final state rise in the order of their layer numbers (reversed
+or misplaced slots break it).
 
 Only two tensors are read from the checkpoint, the LM head (or the tied embedding) and the
 final norm, located through the safetensors index: no model is materialised.
@@ -51,6 +54,10 @@ MISALIGNED_CAUSES = (
     "mask shifted against them"
 )
 
+# Rows at a sample's start hold the attention sink's massive activations, a few dimensions that dominate
+# any cosine there: the auxiliary slots' depth order is read from the rows past them.
+SINK_ROWS = 4
+
 # A normed row divided by the norm's weight has an RMS of 1 to within its storage's rounding (bf16: 2^-9
 # relative per value; fp8 e4m3's 2^-4 moves the mean square by under 0.1%); raw residual rows sit far off.
 NORMED_RMS_TOLERANCE = 0.02
@@ -70,6 +77,7 @@ class ProbeSettings:
     min_first_agreement: float
     min_mean_logprob: float  # warning floor for sampled or text-rebuilt data
     min_aligned_best_share: float  # hard floor for any data (alignment against the neighbouring states)
+    min_aux_in_order_share: float  # hard floor for any data (the auxiliary slots' depth order)
     report_positions: int
     seed: int
     max_agreement_drop: float  # lossy storage: top-1 agreement lost against the bf16 reference rows
@@ -99,6 +107,17 @@ class LMHead:
         weight = self.norm_weight.to(hidden.device)
         kept = weight.abs() > 1e-3 * weight.abs().max()  # a zero weight leaves nothing to divide
         return (hidden.float()[:, kept] / weight[kept]).pow(2).mean(-1).sqrt()
+
+    def cosines_with_final(self, aux: torch.Tensor, final: torch.Tensor, normed: bool) -> torch.Tensor:
+        """Each auxiliary slot's cosine ([rows, slots, H] -> [rows, slots]) with the final state before the norm:
+        a normed final row divided by the norm's weight points where the raw one does (the norm rescales a
+        row as a whole), so raw and normed final slots give the same cosines."""
+        final = final.float()
+        if normed:
+            weight = self.norm_weight.to(final.device)
+            kept = weight.abs() > 1e-3 * weight.abs().max()  # a zero weight erased that dimension
+            final, aux = final[:, kept] / weight[kept], aux[..., kept.to(aux.device)]
+        return torch.nn.functional.cosine_similarity(aux.float(), final[:, None, :], dim=-1)
 
     def log_probs(self, hidden: torch.Tensor, normed: bool) -> torch.Tensor:
         hidden = hidden.to(self.weight.device).float() if normed else self.norm(hidden.to(self.weight.device))
@@ -144,20 +163,29 @@ def _subsample(positions: _Positions, budget: int, seed: int) -> _Positions:
     return _Positions(*(a[keep] for a in positions.__dict__.values()))
 
 
-def _probed_states(shard: HiddenShard, ids: list[str], positions: _Positions) -> dict[int, torch.Tensor]:
+def _probed_states(
+    shard: HiddenShard, ids: list[str], positions: _Positions, head: LMHead, normed: bool
+) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
     """The stored final states at offsets -1 (the one each probed token is predicted from), -2 and 0 from
     each probed token, reading only the samples probed. A neighbour outside its sample repeats the -1 row
-    (`_neighboured` leaves those positions out of the alignment)."""
+    (`_neighboured` leaves those positions out of the alignment). With them, each auxiliary slot's cosine
+    with the final state at offset -1 ([positions, slots]), computed as each sample is read."""
     rows: dict[int, list] = {offset: [None] * len(positions.sample) for offset in (-1, -2, 0)}
+    slots = len(shard.index["aux_layers"])
+    cosines = torch.zeros(len(positions.sample), slots)
     for k in np.unique(positions.sample):
         at = np.flatnonzero(positions.sample == k)
-        hidden = shard.sample(ids[k], ("hidden_states",))["hidden_states"]
+        sample = shard.sample(ids[k], ("hidden_states", "aux_hidden_states"))
+        hidden = sample["hidden_states"]
         for offset, column in rows.items():
             wanted = positions.target[at] + offset
             wanted = np.where((wanted >= 0) & (wanted < len(hidden)), wanted, positions.target[at] - 1)
             for i, row in zip(at, hidden[torch.as_tensor(wanted)], strict=True):
                 column[i] = row
-    return {offset: torch.stack(column) if column else torch.zeros(0) for offset, column in rows.items()}
+        before = torch.as_tensor(positions.target[at] - 1)
+        aux = sample["aux_hidden_states"][before].reshape(len(at), slots, -1)
+        cosines[torch.as_tensor(at)] = head.cosines_with_final(aux, hidden[before], normed)
+    return {offset: torch.stack(column) if column else torch.zeros(0) for offset, column in rows.items()}, cosines
 
 
 def _neighboured(positions: _Positions, lengths: np.ndarray) -> np.ndarray:
@@ -252,7 +280,7 @@ def probe_shard(shard_dir: str | Path, head: LMHead, settings: ProbeSettings, ch
     candidates = _candidate_positions(masks)
     positions = _subsample(candidates, settings.max_positions, settings.seed)
     normed = shard.index["final"] == "normed"
-    states = _probed_states(shard, [s["id"] for s in samples], positions)
+    states, cosines = _probed_states(shard, [s["id"] for s in samples], positions, head, normed)
     tokens = torch.tensor(
         [int(samples[k]["input_ids"][j]) for k, j in zip(positions.sample, positions.target, strict=True)],
         dtype=torch.long,
@@ -283,6 +311,7 @@ def probe_shard(shard_dir: str | Path, head: LMHead, settings: ProbeSettings, ch
         "by_position": by_position,
         "alignment": _alignment(logprob[neighboured], earlier[neighboured], later[neighboured]),
         "final_norm": _final_norm(head.normed_rms(states[-1]) if len(tokens) else torch.zeros(0)),
+        "aux_depth": _aux_depth(cosines[torch.as_tensor(positions.target - 1 >= SINK_ROWS)], shard.index["aux_layers"]),
     }
 
 
@@ -297,6 +326,22 @@ def _alignment(aligned: np.ndarray, earlier: np.ndarray, later: np.ndarray) -> d
         "mean_logprob_state_one_later": means["later"],
         "margin": means["logprob"] - max(means["earlier"], means["later"]),
         "aligned_best_share": float((aligned > np.maximum(earlier, later)).mean()),
+    }
+
+
+def _aux_depth(cosines: torch.Tensor, aux_layers: list[int]) -> dict:
+    """The auxiliary slots' depth order, read from the stored states: in a residual stream each layer adds to
+    the state before it, so a deeper layer's state lies closer to the last layer's. `in_order_share`: the
+    share of rows whose slots' cosines with the final state rise in the order of index.json's layer numbers
+    (reversed slots: none; slots in no order: 1 in slots! of them)."""
+    if len(aux_layers) < 2 or not len(cosines):
+        return {"rows": 0}
+    by_depth = cosines[:, np.argsort(aux_layers, kind="stable")]
+    return {
+        "rows": int(len(cosines)),
+        "layers": [int(layer) for layer in aux_layers],
+        "median_cosine_with_final": [round(float(c), 4) for c in cosines.median(0).values],
+        "in_order_share": float((by_depth.diff(dim=1) > 0).all(1).float().mean()),
     }
 
 
@@ -330,7 +375,8 @@ def verdict(result: dict, settings: ProbeSettings, greedy_exact: bool) -> tuple[
     """`ok`, `warn` or `fail`, with the reasons.
 
     Any data fails when its final states sit off their tokens (`aligned_best_share` below
-    `min_aligned_best_share`) or hold the other kind of final state than index.json says. Greedy data
+    `min_aligned_best_share`), hold the other kind of final state than index.json says, or its auxiliary
+    slots lie out of their layers' depth order (`in_order_share` below `min_aux_in_order_share`). Greedy data
     with exact output IDs must also reproduce its last turns (the earlier turns of a multi-turn sample
     sit in a context the template may render differently from the one they were generated in; they are
     reported, not judged); other data warns on a low log-probability. Lossy storage fails any data that
@@ -361,7 +407,8 @@ def verdict(result: dict, settings: ProbeSettings, greedy_exact: bool) -> tuple[
 
 
 def _floor_reasons(result: dict, settings: ProbeSettings) -> list[str]:
-    """The checks that hold for any data: the alignment against the neighbouring states and the final slot's norm."""
+    """The checks that hold for any data: the alignment against the neighbouring states, the auxiliary slots'
+    depth order and the final slot's norm."""
     reasons = []
     alignment, norm = result["alignment"], result["final_norm"]
     if alignment["positions"] and alignment["aligned_best_share"] < settings.min_aligned_best_share:
@@ -372,6 +419,20 @@ def _floor_reasons(result: dict, settings: ProbeSettings) -> list[str]:
             f"{alignment['mean_logprob']:.3f} from the states before them, "
             f"{alignment['mean_logprob_state_one_earlier']:.3f} from the states one row earlier and "
             f"{alignment['mean_logprob_state_one_later']:.3f} one row later; likely causes: {MISALIGNED_CAUSES}"
+        )
+    depth = result.get("aux_depth", {"rows": 0})  # a shard released before the depth order was measured has none
+    if depth["rows"] and depth["in_order_share"] < settings.min_aux_in_order_share:
+        cosines = ", ".join(
+            f"hidden_states[{layer}] {c:.3f}"
+            for layer, c in zip(depth["layers"], depth["median_cosine_with_final"], strict=True)
+        )
+        reasons.append(
+            f"the auxiliary slots' cosines with the final state rise in the order of their layers on "
+            f"{depth['in_order_share']:.1%} of {depth['rows']} rows, below probe.min_aux_in_order_share="
+            f"{settings.min_aux_in_order_share} (a deeper layer's state lies closer to the last layer's); median "
+            f"cosine of the slots index.json names {cosines}: the slots hold other layers, or the same in "
+            "another order, than index.json's aux_layers. Check the capture's layer ids and their order "
+            "(the smoke run's layer check names the layer each slot holds), then capture again"
         )
     if norm["rows"] and norm["holds"] != result["final"]:
         reasons.append(

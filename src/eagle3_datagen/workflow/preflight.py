@@ -200,8 +200,8 @@ def _template_problems(folder: str | Path, model: dict) -> list[str]:
 
 def _node_env(env: str) -> tuple[str, str]:
     """The GPU node's environment for a backend's conda env name (envs/<env>-gpu.txt): its venv and how to
-    get it. SGLang's is `make node-envs`' .venv-gpu; another backend's is installed from its own pins, since
-    its torch and transformers pins differ from SGLang's (docs/running.md)."""
+    get it. SGLang's is `make node-envs`' .venv-gpu; another backend's is a venv of its own from its own
+    pins (`make <env>-node-env`), since its torch and transformers pins differ from SGLang's (docs/running.md)."""
     if env == "sglang":
         return ".venv-gpu", (
             "on the GPU node run the workflow from .venv-gpu (`make node-envs`, then `source .venv-gpu/bin/activate`; "
@@ -209,8 +209,8 @@ def _node_env(env: str) -> tuple[str, str]:
         )
     venv = f".venv-{env}-gpu"
     return venv, (
-        f"on the GPU node install {env}'s pins with the project in a venv of their own (`python3.11 -m venv {venv} "
-        f"&& {venv}/bin/pip install -r envs/{env}-gpu.txt -e .`)"
+        f"on the GPU node build {venv}, {env}'s pins (envs/{env}-gpu.txt) with the project (`make {env}-node-env`, "
+        f"then `source {venv}/bin/activate`; docs/running.md)"
     )
 
 
