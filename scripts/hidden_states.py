@@ -17,10 +17,11 @@ import shutil
 from pathlib import Path
 
 from eagle3_datagen import cli
-from eagle3_datagen.backends.vllm.one_pass import StagedStatesError, pack_states
+from eagle3_datagen.backends.vllm.one_pass import StagedStatesError
 from eagle3_datagen.formats.files import DiskFull
 from eagle3_datagen.formats.shard_lease import one_copy
 from eagle3_datagen.stages.hidden.finished import keep_finished, restore_finished, states_fingerprint
+from eagle3_datagen.stages.hidden.one_pass import pack_states
 from eagle3_datagen.stages.hidden.runner import CaptureFailed, capture_with_runner
 from eagle3_datagen.workflow.disk import capture_room_problem
 

@@ -17,11 +17,12 @@ from eagle3_datagen.backends.plugins import GENERATION
 from eagle3_datagen.backends.service.supervise import wait_healthy
 from eagle3_datagen.backends.vllm.capture import read_states
 from eagle3_datagen.backends.vllm.generate import VLLMBackend
-from eagle3_datagen.backends.vllm.one_pass import pack_states, server_args, states_dir
+from eagle3_datagen.backends.vllm.one_pass import server_args, states_dir
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
+from eagle3_datagen.stages.hidden.one_pass import pack_states
 from eagle3_datagen.stages.responses.journaled import run_journaled_responses
 from eagle3_datagen.stages.responses.limits import Budgets
 from tests.helpers import HIDDEN_SETTINGS, free_port

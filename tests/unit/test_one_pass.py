@@ -17,13 +17,13 @@ from eagle3_datagen.backends.vllm.one_pass import (
     StagedStates,
     StagedStatesError,
     launch_args_for,
-    pack_states,
     stage_states,
     states_dir,
 )
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import write_jsonl_zst
 from eagle3_datagen.formats.hidden_shard import HiddenShard
+from eagle3_datagen.stages.hidden.one_pass import pack_states
 from eagle3_datagen.workflow import settings as wf
 from eagle3_datagen.workflow.config_checks import one_pass_problems
 from tests.helpers import HIDDEN_SETTINGS, REPO

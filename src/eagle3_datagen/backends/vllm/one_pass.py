@@ -3,15 +3,15 @@
 The node's launched vLLM server runs with `extract_hidden_states` (`server_args`: the auxiliary layers and
 layer N, prefix caching off) and every request of a responses job asks for its output's states too
 (`kv_transfer_params.include_output_tokens`): vLLM's connector writes `[P+N-1, layers, H]` states of the
-prompt and of every output token but the last (which never went through the model), with the token ids
-they belong to, the server's own. The turn records the file's path (`produced_by.states_path`); when the
-shard is answered, `stage_states` keeps the file of each conversation's last assistant turn (its prompt is
-the whole conversation before it) beside the responses, `<shard>.states/`, moved, not copied, and removes
-the earlier turns'. The `hidden_states` job then packs them (`StagedStates`: a `CaptureBackend` that reads
-instead of computing) into the usual shard, with no model load, and removes the staged folder: the shard is
-the one copy. Each token row's ids must start with the ids the states belong to (else the job fails: the
-states would be of other tokens than those trained); the row is cut to them, which drops the last
-generated token and whatever the template adds after it.
+prompt and of every output token but the last (which never went through the model), with the token ids they
+belong to, the server's own. The turn records the file's path (`produced_by.states_path`); when the shard is
+answered, `stage_states` keeps the file of each conversation's last assistant turn (its prompt is the whole
+conversation before it) beside the responses, `<shard>.states/`, moved, not copied, and removes the earlier
+turns'. The `hidden_states` job then packs them (`StagedStates`: a `CaptureBackend` that reads instead of
+computing; `stages/hidden/one_pass.py`) into the usual shard, with no model load, and removes the staged
+folder: the shard is the one copy. Each token row's ids must start with the ids the states belong to (else the
+job fails: the states would be of other tokens than those trained); the row is cut to them, which drops the
+last generated token and whatever the template adds after it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 from eagle3_datagen.backends.base import SingleProcess
 from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import read_json, write_json
-from eagle3_datagen.formats.hidden_shard import resolve_aux_layers
 
 if TYPE_CHECKING:
     import torch
@@ -42,6 +41,8 @@ class StagedStatesError(RuntimeError):
 
 def extraction_layers(model_path: str | Path, aux_spec) -> list[int]:
     """The layers the server saves: the auxiliary ones, then layer N (its output before the final norm)."""
+    from eagle3_datagen.formats.hidden_shard import resolve_aux_layers  # torch: not in every responses job
+
     layers = text_config(model_path)["num_hidden_layers"]
     return [*resolve_aux_layers(layers, aux_spec), layers]
 
@@ -154,6 +155,8 @@ class StagedStates:
                 f"{self.directory}: no staged states (hidden_states.one_pass); rerun the responses shard that "
                 "stages them (`snakemake --forcerun responses`)"
             )
+        from eagle3_datagen.formats.hidden_shard import resolve_aux_layers
+
         self.files = read_json(self.directory / INDEX)
         config = text_config(model_path)
         self.num_layers = config["num_hidden_layers"]
@@ -202,17 +205,3 @@ class StagedStates:
 
 def _first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-
-
-def pack_states(tokens_path: str | Path, states: str | Path, out: str | Path, hidden: dict, model: dict) -> dict:
-    """The `hidden_states` job in one-pass mode: the shard `out` of the staged states `states` for the token
-    rows of `tokens_path`, written as a capture writes it; the staged folder is removed once the shard is whole."""
-    from eagle3_datagen.formats.files import read_jsonl
-    from eagle3_datagen.stages.hidden.shard import capture_shard, writer_threads
-
-    staged = StagedStates(states, model["path"], hidden["aux_layers"])
-    samples = staged.samples(read_jsonl(tokens_path))
-    hidden = {**hidden, "writer_threads": writer_threads(hidden["writer_threads"], processes=0)}
-    index = capture_shard(samples, out, staged, hidden)
-    shutil.rmtree(states)
-    return index
