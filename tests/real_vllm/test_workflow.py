@@ -189,16 +189,25 @@ def test_states_are_vllms_captures_of_the_token_ids_equal_to_transformers(vllm_r
         assert [s["input_ids"].tolist() for s in stored] == [t["input_ids"] for t in tokens]
         index = json.loads((shards(vllm_run, partition)[0] / "index.json").read_text())
         assert (index["final"], index["dtype"]) == ("raw", "bfloat16")
-        reference = HFCapture(model_dir, index["aux_layers"], "raw", {"dtype": "float32", "device": "cpu"})
-        expected = reference([t["input_ids"] for t in tokens])
-        for sample, (aux, final) in zip(stored, expected, strict=True):
-            for ours, theirs in ((sample["aux_hidden_states"], aux), (sample["hidden_states"], final)):
-                torch.testing.assert_close(ours.float(), theirs, **STORED)
-                worst = max(worst, (ours.float() - theirs).abs().max().item())
-                rounded_apart += (ours != theirs.to(torch.bfloat16)).sum().item()
-                values += ours.numel()
+        largest, apart, count = against_prefill(stored, model_dir, index["aux_layers"])
+        worst, rounded_apart, values = max(worst, largest), rounded_apart + apart, values + count
     print(f"stored states against transformers': largest difference {worst:.2e}, {rounded_apart} of {values} differ")
     assert rounded_apart < values / 1000
+
+
+def against_prefill(stored: list[dict], model_dir: Path, aux_layers: list[int]) -> tuple[float, int, int]:
+    """Stored samples against a transformers prefill (float32) of their ids, each value within STORED: the
+    largest difference, how many values are not the prefill's rounded to bf16, and how many were compared."""
+    reference = HFCapture(model_dir, aux_layers, "raw", {"dtype": "float32", "device": "cpu"})
+    expected = reference([sample["input_ids"].tolist() for sample in stored])
+    worst, rounded_apart, values = 0.0, 0, 0
+    for sample, (aux, final) in zip(stored, expected, strict=True):
+        for ours, theirs in ((sample["aux_hidden_states"], aux), (sample["hidden_states"], final)):
+            torch.testing.assert_close(ours.float(), theirs, **STORED)
+            worst = max(worst, (ours.float() - theirs).abs().max().item())
+            rounded_apart += (ours != theirs.to(torch.bfloat16)).sum().item()
+            values += ours.numel()
+    return worst, rounded_apart, values
 
 
 def test_the_probe_passes_every_shard(vllm_run):
