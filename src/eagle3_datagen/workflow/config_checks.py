@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from eagle3_datagen.backends.service import launch_args
 from eagle3_datagen.formats import sources
 from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import SOURCE_SUFFIXES, InputError
@@ -167,7 +168,8 @@ def one_pass_problems(config: dict) -> list[str]:
             "the server the workflow launches (inference.vllm.launch), which it starts with the extraction "
             "settings and whose files its jobs read. Add a launch block, or set one_pass: false"
         )
-    flags = [*section.get("launch", {}).get("args", []), *section.get("launch", {}).get("run_args", [])]
+    launch = section.get("launch")  # filled by the schema where present
+    flags = [*launch_args(launch), *launch["run_args"]] if launch else []
     for flag in ONE_PASS_OWN_FLAGS:
         if any(arg == flag or arg.startswith(f"{flag}=") for arg in flags):
             problems.append(
