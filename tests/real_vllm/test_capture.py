@@ -19,11 +19,14 @@ WIDTH = TINY_QWEN3["hidden_size"]
 
 @pytest.fixture(scope="module")
 def capture(vllm_model_dir):
-    """vLLM's engine in its own processes (its default), as the capture runner holds it."""
+    """vLLM's engine in its own processes (its default), as the capture runner holds it; shut down with the
+    module, while pytest's captured streams are open (at exit vLLM logs its shutdown into closed ones)."""
     engine = {"max_model_len": MAX_MODEL_LEN, "enforce_eager": True}
-    return VLLMCapture(
+    capture = VLLMCapture(
         vllm_model_dir, AUX, fill_defaults({"dtype": "float32", "engine_args": engine}, "hidden_states.vllm")
     )
+    yield capture
+    capture.llm.llm_engine.engine_core.shutdown()
 
 
 @pytest.fixture(scope="module")
