@@ -53,12 +53,17 @@ NODE_UV = $(@D)/bin/uv pip install --quiet --python $(@D)/bin/python
 CUDA_TORCH := "import torch, sys; sys.exit(None if torch.version.cuda else f'{torch.__version__}: not a CUDA torch')"
 node-envs: $(GPU_VENV)/.installed $(SPECFORGE_VENV)/.installed-cuda ## the GPU node's venvs on the CUDA torch: SGLang, Snakemake (.venv-gpu); SpecForge
 
+# A node venv from a complete pin list ($<) with the project and its dependencies, on PyPI's CUDA torch.
+define node-venv
+$(NODE_PYTHON) -m venv $(@D)
+$(@D)/bin/python -m pip install --quiet --disable-pip-version-check uv==0.13.8
+$(NODE_UV) -r $< -e .
+$(@D)/bin/python -c $(CUDA_TORCH)
+touch $@
+endef
+
 $(GPU_VENV)/.installed: envs/sglang-gpu.txt pyproject.toml
-	$(NODE_PYTHON) -m venv $(@D)
-	$(@D)/bin/python -m pip install --quiet --disable-pip-version-check uv==0.13.8
-	$(NODE_UV) -r envs/sglang-gpu.txt -e .
-	$(@D)/bin/python -c $(CUDA_TORCH)
-	touch $@
+	$(node-venv)
 
 $(SPECFORGE_VENV)/.installed-cuda: envs/specforge-cpu.txt pyproject.toml
 	$(NODE_PYTHON) -m venv $(@D)
@@ -75,11 +80,7 @@ $(SPECFORGE_VENV)/.installed-cuda: envs/specforge-cpu.txt pyproject.toml
 vllm-node-env: .venv-vllm-gpu/.installed ## vLLM 0.33.0 on its CUDA torch with the project and Snakemake (.venv-vllm-gpu), for backend: vllm on the node
 
 .venv-%-gpu/.installed: envs/%-gpu.txt pyproject.toml
-	$(NODE_PYTHON) -m venv $(@D)
-	$(@D)/bin/python -m pip install --quiet --disable-pip-version-check uv==0.13.8
-	$(NODE_UV) -r $< -e .
-	$(@D)/bin/python -c $(CUDA_TORCH)
-	touch $@
+	$(node-venv)
 
 # .venv-gpu built here as on the node (the CUDA wheels install without a GPU, about 10 GB), and what the node
 # runs from it imported there (tests/node_env); part of make test's second run.

@@ -57,7 +57,7 @@ ONE_PASS_STORAGE = "results/.one_pass"
 def one_pass_states(config: dict, partition: str) -> str | None:
     """Where the partition's responses jobs stage its states in one-pass mode, as a `{shard}` pattern; None
     where its capture jobs capture them."""
-    if not (config["hidden_states"]["one_pass"] and inference_backend(config, partition) == "vllm"):
+    if not (inference_backend(config, partition) == "vllm" and config["hidden_states"]["one_pass"]):
         return None
     return f"results/{partition}/responses/{{shard}}.states"
 
@@ -71,7 +71,7 @@ def response_settings(config: dict, partition: str) -> dict:
     inference = config["inference"]
     own = split(inference[backend], f"inference.{backend}")[0]
     own.pop("sampling", None)  # merged into `sampling`
-    if backend == "vllm" and config["hidden_states"]["one_pass"]:
+    if one_pass_states(config, partition) is not None:
         own["one_pass"] = {"aux_layers": config["hidden_states"]["aux_layers"], "storage": ONE_PASS_STORAGE}
     sampling = sampling_for(config, backend)
     return {"backend": backend, "sampling": sampling, backend: own, "model": model_settings(config)}
