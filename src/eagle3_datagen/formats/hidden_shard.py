@@ -53,6 +53,12 @@ def resolve_aux_layers(num_layers: int, spec: str | Sequence[int]) -> list[int]:
     return layers
 
 
+def split_stacked(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """States stacked by slot, [T, A + 1, H] (the auxiliary layers, then the final one: vLLM's connector files
+    and speculators' export hold them so), as a capture hands them on: (auxiliary [T, A*H], final [T, H])."""
+    return states[:, :-1].flatten(1), states[:, -1]
+
+
 @dataclass(frozen=True)
 class Layout:
     """What a shard stores; checked against the config when a shard is read."""

@@ -41,8 +41,9 @@ def _speculators_slots(export: Path, index: int):
     `hs_{index}.safetensors`, auxiliary slots first, the final layer last."""
     from safetensors.torch import load_file
 
-    states = load_file(export / "hidden_states" / f"hs_{index}.safetensors")["hidden_states"]
-    return states[:, :-1].flatten(1), states[:, -1]
+    from eagle3_datagen.formats.hidden_shard import split_stacked
+
+    return split_stacked(load_file(export / "hidden_states" / f"hs_{index}.safetensors")["hidden_states"])
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from eagle3_datagen.backends.base import SingleProcess
-from eagle3_datagen.formats.hidden_shard import resolve_aux_layers
+from eagle3_datagen.formats.hidden_shard import resolve_aux_layers, split_stacked
 
 CONNECTOR = "HostHiddenStatesConnector"
 CONNECTOR_MODULE = "eagle3_datagen.backends.vllm.connector"
@@ -123,6 +123,5 @@ class VLLMCapture:
                 raise RuntimeError(
                     f"vLLM saved states of {len(saved['token_ids'])} tokens other than the {len(ids)} it was sent"
                 )
-            states = saved["hidden_states"]  # [T, A + 1, H]: the auxiliary layers, then layer N
-            results.append((states[:, :-1].reshape(len(ids), -1), states[:, -1]))
+            results.append(split_stacked(saved["hidden_states"]))  # the auxiliary layers, then layer N
         return results

@@ -191,6 +191,8 @@ class StagedStates:
     def __call__(self, batch: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         from safetensors.torch import load_file
 
+        from eagle3_datagen.formats.hidden_shard import split_stacked
+
         results = []
         for ids in batch:
             states = load_file(self._by_ids[tuple(ids)])["hidden_states"]  # [T, A + 1, H]
@@ -199,7 +201,7 @@ class StagedStates:
                     f"staged states of shape {tuple(states.shape)}, not [T, {len(self.aux_layers) + 1}, "
                     f"{self.hidden_size}] (aux layers {self.aux_layers} and layer {self.num_layers})"
                 )
-            results.append((states[:, :-1].reshape(len(ids), -1), states[:, -1]))
+            results.append(split_stacked(states))
         return results
 
 
