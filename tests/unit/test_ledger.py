@@ -297,9 +297,11 @@ def test_a_reservation_fits_beside_the_spend_and_every_live_jobs_reservations_an
 def test_spend_under_a_cap_with_slow_answers_and_a_job_killed_with_9_stays_within_the_bound(tmp_path, api_key):
     """Two jobs of 150 two-turn prompts share 40 slots and a $0.15 budget (about 220 of their 600 answers);
     every answer takes 1 s. The first is killed with -9 while 10 or more of its requests are in flight
-    (their answers are billed all the same), the second runs on, then the first is run again. The bill
-    passes the budget by no more than the killed job's reservations at the kill (docs/backends.md), and
-    the recorded spend never passes it."""
+    (their answers are billed all the same) and the second is started as it dies; the second runs on, then the
+    first is run again. The bill passes the budget by no more than the killed job's reservations at the kill
+    (docs/backends.md), and the recorded spend never passes it. The second starts once the first holds its 10:
+    started together on a loaded machine, the second could spend the whole budget before the first's Python
+    had started (CI: the first never held 10)."""
     server = Loopback("unused", api_key=api_key, prices=PRICES, faults=FaultPlan(latency_s=1.0))
     ledger = tmp_path / "results" / ".ledger" / endpoint_key("openrouter", MODEL) / "ledger.json"
     env = {**os.environ, KEY_ENV: api_key}
@@ -307,11 +309,10 @@ def test_spend_under_a_cap_with_slow_answers_and_a_job_killed_with_9_stays_withi
     with serve_in_thread(server) as url:
         results_shard(tmp_path, 0).parent.mkdir(parents=True)
         shards = [prompts_file(tmp_path, 150, turns=2, name=f"{n}.jsonl.zst") for n in "ab"]
-        jobs = [
-            subprocess.Popen(job_command(tmp_path, shards[n], n, url, budget), cwd=tmp_path, env=env,
-                             stderr=subprocess.PIPE, text=True)
-            for n in range(2)
-        ]  # fmt: skip
+
+        def start(job: int) -> subprocess.Popen:
+            return subprocess.Popen(job_command(tmp_path, shards[job], job, url, budget), cwd=tmp_path, env=env,
+                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
 
         def reserved(job: int) -> dict:
             state = json.loads(ledger.read_text() or "{}")
@@ -319,10 +320,12 @@ def test_spend_under_a_cap_with_slow_answers_and_a_job_killed_with_9_stays_withi
             return mine[0]["reserved"] if mine else {"cost": 0.0}
 
         worst = worst_case(shards[0])
+        jobs = [start(0)]
         assert wait_until(
             lambda: ledger.exists() and server.completed and reserved(0)["cost"] >= 10 * worst, interval=0.02
         )
         held_at_kill = reserved(0)["cost"]
+        jobs.append(start(1))
         jobs[0].send_signal(signal.SIGKILL)
         jobs[0].wait()
         second = jobs[1].communicate()[1]
