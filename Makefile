@@ -7,7 +7,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 unexport PYTHONDONTWRITEBYTECODE
 
 # `make help` lists the targets: the `##` comment on each target's line.
-.PHONY: help install sglang-env vllm-env speculators-env specforge-env node-envs vllm-node-env slurm-packages check-envs test-node-env demo tiny-kimi test test-main test-apart test-fast lint clean
+.PHONY: help install sglang-env vllm-env speculators-env specforge-env node-envs vllm-node-env slurm-packages check-envs test-node-env demo tiny-kimi test test-demo test-main test-apart test-fast lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /\1\t/' | expand -t 16
@@ -132,30 +132,32 @@ FAST := not e2e and not slurm and not sglang and not vllm and not trainers and n
 test-fast: install ## every tier but e2e, SLURM, SGLang, vLLM, trainers and the families' runs (under 5 minutes)
 	pytest -q -n 2 -m "$(FAST)" --durations=25
 
-# Two runs side by side: the main suite (one pytest process, many single-threaded tests) leaves one of
-# the two cores idle for much of its time, which the SGLang and trainer tiers take. Each run has a temp
-# directory of its own (the node services' directories: one model process per node each). The SLURM
-# test cluster is taken by one run at a time (tests/slurm): the main suite's SLURM files run first, the
-# SGLang tier's last and after the trainers', so that neither run waits for it. Each run's output is
-# printed when it ends.
+# Three runs side by side: the main suite's tests of the demo's run (marker `demo`: the tests that take the
+# session fixture demo_dir, which runs the demo once a process), the rest of the main suite, and the tiers in
+# venvs of their own (the trainers', SGLang's, vLLM's, the node env's). A run that waits (SLURM's polls and
+# time limits, a server's start, a loopback's latency) leaves its core to the two others. Each run has a temp
+# directory of its own (the node services' directories: one model process per node each). The SLURM test
+# cluster is taken by one run at a time (tests/slurm: a machine-wide lock): both main runs take their SLURM
+# files first, the SGLang tier its SLURM tests last, after the trainers'. Each run's output is printed when it ends.
 # With more torch threads than cores, OpenMP's idle threads sleep instead of spinning (results unchanged).
-# The venvs each run needs are its prerequisites, so that the two jobs of -j2 build them side by side.
+# The venvs each run needs are its prerequisites, so that the jobs of -j3 build them side by side.
 TEST_TMP := $(or $(TMPDIR),/tmp)/eagle3-datagen-make-test
 test: slurm-packages install ## every test tier, as CI does
-	OMP_WAIT_POLICY=PASSIVE $(MAKE) --no-print-directory -j2 --output-sync=target test-main test-apart
+	OMP_WAIT_POLICY=PASSIVE $(MAKE) --no-print-directory -j3 --output-sync=target test-demo test-main test-apart
 
-# Main-suite files that run in the second run, after the SGLang and trainer tiers, so that the two runs
-# end together: files that need no fixture of the main suite's (the demo run), the tiny Kimi workflow
-# (about 4 minutes) and the target families' tier (tests/families: one workflow run per family) the largest.
-MAIN_BESIDE := tests/workflow/test_tiny_kimi.py tests/workflow/test_plan_first_run.py tests/bench/test_bench.py tests/families
 # The demo (tests' demo_dir) trains its evaluate drafts with SpecForge.
-test-main: install specforge-env ## the main suite, but for MAIN_BESIDE (part of make test)
+test-demo: install specforge-env ## the main suite's tests of the demo's run (part of make test)
+	mkdir -p $(TEST_TMP)/demo
+	TMPDIR=$(TEST_TMP)/demo pytest -q --durations=25 --slurm-first -m demo
+
+# The tiny Kimi's smoke run evaluates with SpecForge; the families train the speculators export.
+test-main: install specforge-env speculators-env ## the main suite but for the demo's run's tests (part of make test)
 	mkdir -p $(TEST_TMP)/main
-	TMPDIR=$(TEST_TMP)/main pytest -q --durations=25 --slurm-first $(addprefix --ignore=,$(MAIN_BESIDE))
+	TMPDIR=$(TEST_TMP)/main pytest -q --durations=25 --slurm-first -m "not demo"
 
 # Each trainer's, SGLang's and vLLM's tests run under their own venv, with their releases' own pins.
 RUN_APART := -m pytest -q -o addopts=-ra --durations=25
-test-apart: install sglang-env vllm-env speculators-env specforge-env $(GPU_VENV)/.installed ## the SGLang, vLLM, trainer and node-env tiers in their venvs, then MAIN_BESIDE (part of make test)
+test-apart: install sglang-env vllm-env speculators-env specforge-env $(GPU_VENV)/.installed ## the node-env, trainer, SGLang and vLLM tiers in their venvs (part of make test)
 	mkdir -p $(TEST_TMP)/apart
 	$(MAKE) --no-print-directory test-node-env
 	TMPDIR=$(TEST_TMP)/apart $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
@@ -164,7 +166,6 @@ test-apart: install sglang-env vllm-env speculators-env specforge-env $(GPU_VENV
 		tests/trainers/test_evaluate.py
 	TMPDIR=$(TEST_TMP)/apart $(SGLANG_VENV)/bin/python $(RUN_APART) tests/real_sglang
 	TMPDIR=$(TEST_TMP)/apart $(VLLM_VENV)/bin/python $(RUN_APART) tests/real_vllm
-	TMPDIR=$(TEST_TMP)/apart pytest -q --durations=25 $(MAIN_BESIDE)
 
 lint: install ## ruff, snakefmt and snakemake --lint
 	ruff check src scripts tests

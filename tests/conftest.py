@@ -27,8 +27,9 @@ def pytest_collection_modifyitems(config, items):
     """Each file says its tier in one line (`pytestmark = pytest.mark.e2e`); the folders tests/real_sglang,
     tests/real_vllm and tests/trainers are tiers of their own. A test that takes an end-to-end fixture in a file not
     marked e2e stops the collection, naming the file and the fix, so that it never lands in the fast tier.
-    The SLURM test cluster's users are marked `slurm` by the fixture they take; with --slurm-first, their
-    files run first, each file's tests in their order."""
+    The SLURM test cluster's users are marked `slurm` by the fixture they take, and the demo run's `demo` (`make
+    test` runs them in a process of their own: the demo runs once a process); with --slurm-first, the SLURM
+    users' files run first, each file's tests in their order."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if fixtures & E2E_FIXTURES and not item.get_closest_marker("e2e"):
@@ -39,6 +40,8 @@ def pytest_collection_modifyitems(config, items):
             )
         if "slurm_cluster" in fixtures:
             item.add_marker(pytest.mark.slurm)
+        if "demo_dir" in fixtures:
+            item.add_marker(pytest.mark.demo)
         if "real_sglang" in item.path.parts:
             item.add_marker(pytest.mark.sglang)
         if "real_vllm" in item.path.parts:
