@@ -4,6 +4,7 @@ packing of files in the format vLLM 0.32.0's hidden-states connector writes (`hi
 
 import copy
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -231,3 +232,43 @@ def test_staging_waits_for_a_file_the_server_is_still_writing(tmp_path):
 def test_a_one_token_answer_stages_the_prompts_states(tmp_path):
     path, _ = server_file(tmp_path, "r1", [5, 6, 7], seed=1)
     assert stage_states([answered("a", [([2], path)])], tmp_path / "00000.jsonl.zst") == {"a": "000000.safetensors"}
+
+
+def test_the_disk_check_counts_the_states_a_one_pass_run_stages(tmp_path):
+    """A one-pass partition's responses jobs stage its states ((aux + 1) x hidden at the server's dtype a token)
+    until its shards are packed: the disk check before the first job counts them with the shards and exports.
+    Under a quota that holds the shards and exports but not the staged states, the run is refused, saying so;
+    the same partition captured by a separate prefill fits."""
+    from eagle3_datagen.backends.plugins import SERVED_RESPONSE_RULE
+    from eagle3_datagen.workflow import disk
+    from eagle3_datagen.workflow.preflight import Job, problems
+
+    config = one_pass_config(aux_layers=AUX)
+    partition = "demo_sharegpt"
+    results = tmp_path / "results"
+    shards = config["partitions"][partition]["shards"]
+    tokens = 10**6
+    for shard in range(shards):
+        audit = results / partition / "tokens" / f"{shard:05d}.audit.json"
+        audit.parent.mkdir(parents=True, exist_ok=True)
+        audit.write_text(json.dumps({"counts": {"tokens": tokens // shards, "samples_out": 100}}))
+    measured = disk.measured_tokens(config, partition, results)
+    assert measured.tokens == tokens
+    counted = disk.partition_bytes(config, partition, measured, results)
+    staged = tokens * (len(AUX) + 1) * config["demo"]["hidden_size"] * 4  # float32: the server's --dtype
+    assert disk.staged_bytes_per_token(config, disk.stored_states(config)) * tokens == staged
+    jobs = [Job(SERVED_RESPONSE_RULE, partition), Job("hidden_states", partition), Job("export", partition)]
+    config["resources"]["disk_quota_bytes"] = counted.peak + staged // 2
+
+    def disk_problems(config) -> list[str]:
+        found = problems(config, jobs, {"PATH": str(Path(sys.executable).parent)}, False, results)
+        return [p for p in found if p.startswith("the hidden-state shards and exports")]
+
+    (refused,) = disk_problems(config)
+    needed = counted.shards + sum(counted.exports.values()) + staged
+    assert refused.startswith(
+        f"the hidden-state shards and exports of {partition} (with the states their one-pass responses stage) "
+        f"need up to {needed / 2**30:,.1f} GiB at once (measured (token shards))"
+    )
+    config["hidden_states"]["one_pass"] = False
+    assert disk_problems(config) == []

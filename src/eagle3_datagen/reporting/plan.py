@@ -29,7 +29,6 @@ from typing import NamedTuple
 
 from eagle3_datagen.backends.base import generation_limit
 from eagle3_datagen.backends.plugins import GENERATION, RESPONSE_RULES
-from eagle3_datagen.backends.service import launch_args
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.chat.tiktoken_fast import fast_tokenizer_from_tiktoken
 from eagle3_datagen.formats import storage
@@ -210,7 +209,7 @@ def plan_partition(
         prefill = capture.get("gpu_tokens_per_s")
         one_pass = {
             "prefill_node_hours_saved": tokens.tokens / prefill / 3600 if prefill else None,
-            "staged_bytes": tokens.tokens * staged_bytes_per_token(config, states),
+            "staged_bytes": tokens.tokens * disk.staged_bytes_per_token(config, states),
         }
         capture_rate = capture["cpu_tokens_per_s"]  # packing: the CPU side only
     return PartitionPlan(
@@ -230,14 +229,6 @@ def plan_partition(
         capture_rate=capture,
         one_pass=one_pass,
     )
-
-
-def staged_bytes_per_token(config: dict, states: storage.States) -> int:
-    """A one-pass server's file per token: the auxiliary layers and layer N at the server's dtype (its
-    `--dtype` flag; absent, a GPU's bf16)."""
-    args = launch_args((config["inference"].get("vllm") or {}).get("launch") or {})
-    dtype = args[args.index("--dtype") + 1] if "--dtype" in args[:-1] else "bfloat16"
-    return (states.aux_layers + 1) * states.hidden_size * (4 if dtype in ("float32", "float") else 2)
 
 
 def measured_draft_minutes(benchmarks: Path, copies: int) -> float | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import orjson
 
+from eagle3_datagen.backends.service import launch_args
 from eagle3_datagen.formats import sources, storage
 from eagle3_datagen.formats.checkpoint import text_config
 from eagle3_datagen.formats.files import InputError, iter_jsonl, read_json
@@ -315,6 +316,14 @@ def partition_bytes(config: dict, partition: str, tokens: Tokens, results: Path)
         released=partition in released_partitions(config),
         basis=basis,
     )
+
+
+def staged_bytes_per_token(config: dict, states: storage.States) -> int:
+    """A one-pass server's file per token: the auxiliary layers and layer N at the server's dtype (its
+    `--dtype` flag; absent, a GPU's bf16)."""
+    args = launch_args((config["inference"].get("vllm") or {}).get("launch") or {})
+    dtype = args[args.index("--dtype") + 1] if "--dtype" in args[:-1] else "bfloat16"
+    return (states.aux_layers + 1) * states.hidden_size * (4 if dtype in ("float32", "float") else 2)
 
 
 def existing_bytes(path: Path) -> int:

@@ -40,6 +40,7 @@ from eagle3_datagen.formats.released import PROBE_MEASURING, RELEASED, kept_expo
 from eagle3_datagen.workflow import disk
 from eagle3_datagen.workflow.partitions import inference_backend, launched_backends, prompt_partition, shard_names
 from eagle3_datagen.workflow.rates import capture_rates, plan_rates
+from eagle3_datagen.workflow.settings import one_pass_states
 
 # Rules whose jobs read nothing of the model: the prompts (one rule per partition), the reports, and
 # the demo's model builder (which makes it).
@@ -302,12 +303,15 @@ def _runs(python: str, code: str, environ: Mapping[str, str], *args: str) -> boo
 
 
 def _disk_writes(config: dict, jobs: list[Job], results: Path) -> tuple[list[tuple[str, Path, int]], set[str]]:
-    """(partition, output, bytes) of every shard and export `jobs` write, less what each output already holds
-    (Snakemake removes it before the job), counted from measured tokens, the responses' usage, bounded from
-    the prompts or estimated from the source's records; and the bases used. A partition whose source cannot
-    be read here is not counted."""
+    """(partition, output, bytes) of every shard and export `jobs` write, and of the states a one-pass
+    partition's responses jobs stage until its shards are packed (counted with the shards: all of a
+    partition's responses may finish before its first pack), less what each output already holds (Snakemake
+    removes it before the job), counted from measured tokens, the responses' usage, bounded from the prompts
+    or estimated from the source's records; and the bases used. A partition whose source cannot be read here
+    is not counted."""
     writes, bases = [], set()
-    partitions = {j.partition for j in jobs if j.rule in ("hidden_states", "export") and j.partition}
+    one_pass = {j.partition for j in jobs if j.rule in RESPONSE_RULES and one_pass_states(config, j.partition)}
+    partitions = {j.partition for j in jobs if j.rule in ("hidden_states", "export") and j.partition} | one_pass
     for partition in sorted(partitions):
         # what a scheduled job rewrites counts for nothing: the stage above it counts instead
         rewritten = {j.rule for j in jobs if j.partition == partition}
@@ -322,10 +326,16 @@ def _disk_writes(config: dict, jobs: list[Job], results: Path) -> tuple[list[tup
         bases.add(tokens.basis)
         counted = disk.partition_bytes(config, partition, tokens, results)
         shards = shard_names(config, partition)
+        staged = tokens.tokens * disk.staged_bytes_per_token(config, disk.stored_states(config))
         for job in jobs:
             if job.partition != partition:
                 continue
-            if job.rule == "hidden_states":
+            if job.rule in RESPONSE_RULES and partition in one_pass:
+                for shard in [job.shard] if job.shard else shards:
+                    writes.append(
+                        (partition, results / partition / "responses" / f"{shard}.states", staged // len(shards))
+                    )
+            elif job.rule == "hidden_states":
                 for shard in [job.shard] if job.shard else shards:
                     out = results / partition / "hidden" / shard
                     old = 0 if (out / RELEASED).exists() else disk.existing_bytes(out)
@@ -348,12 +358,14 @@ def _disk_problems(config: dict, jobs: list[Job], results: Path, environ: Mappin
     if not writes:
         return []
     found = []
+    staging = {partition for partition, path, _ in writes if path.name.endswith(".states")}
     for need in disk.needs_by_filesystem(writes, results, config["resources"]["disk_quota_bytes"], dict(environ)):
         if not need.exceeded:
             continue
         bounded = any(not b.startswith(("measured", "counted")) for b in bases)
+        staged = " (with the states their one-pass responses stage)" if staging & set(need.partitions) else ""
         found.append(
-            f"the hidden-state shards and exports of {', '.join(need.partitions)} need up to "
+            f"the hidden-state shards and exports of {', '.join(need.partitions)}{staged} need up to "
             f"{need.needed / 2**30:,.1f} GiB at once ({' and '.join(sorted(bases))}), but {need.room}: free "
             "space or quota there, store them smaller (hidden_states.dtype, compress; export.specforge.compress: "
             "gzip), or put results/ on a larger disk"
