@@ -83,7 +83,7 @@ vllm-node-env: .venv-vllm-gpu/.installed ## vLLM 0.33.0 on its CUDA torch with t
 	$(node-venv)
 
 # .venv-gpu built here as on the node (the CUDA wheels install without a GPU, about 10 GB), and what the node
-# runs from it imported there (tests/node_env); part of make test's second run.
+# runs from it imported there (tests/node_env); part of make test's run of the demo's tests.
 test-node-env: $(GPU_VENV)/.installed ## build .venv-gpu as on the GPU node and import what the node runs from it
 	$(GPU_VENV)/bin/uv pip install --quiet --python $(GPU_VENV)/bin/python $$(grep '^pytest==' envs/requirements.txt)
 	mkdir -p $(TEST_TMP)/node-env
@@ -134,21 +134,27 @@ test-fast: install ## every tier but e2e, SLURM, SGLang, vLLM, trainers and the 
 
 # Three runs side by side: the main suite's tests of the demo's run (marker `demo`: the tests that take the
 # session fixture demo_dir, which runs the demo once a process), the rest of the main suite, and the tiers in
-# venvs of their own (the trainers', SGLang's, vLLM's, the node env's). A run that waits (SLURM's polls and
-# time limits, a server's start, a loopback's latency) leaves its core to the two others. Each run has a temp
-# directory of its own (the node services' directories: one model process per node each). The SLURM test
-# cluster is taken by one run at a time (tests/slurm: a machine-wide lock): both main runs take their SLURM
-# files first, the SGLang tier its SLURM tests last, after the trainers'. Each run's output is printed when it ends.
+# venvs of their own (SpecForge's, SGLang's, vLLM's; the node env's and speculators' after the demo's
+# tests). A run that waits (SLURM's polls and time limits, a server's start, a loopback's latency) leaves its
+# core to the two others. Each run has a temp directory of its own (the node services' directories: one model
+# process per node each). The SLURM test cluster is taken by one run at a time (tests/slurm: a machine-wide
+# lock): both main runs take their SLURM files first, the SGLang tier its SLURM tests last, after SpecForge's.
+# Each run's output is printed when it ends.
 # With more torch threads than cores, OpenMP's idle threads sleep instead of spinning (results unchanged).
 # The venvs each run needs are its prerequisites, so that the jobs of -j3 build them side by side.
 TEST_TMP := $(or $(TMPDIR),/tmp)/eagle3-datagen-make-test
+RUN_APART := -m pytest -q -o addopts=-ra --durations=25
 test: slurm-packages install ## every test tier, as CI does
 	OMP_WAIT_POLICY=PASSIVE $(MAKE) --no-print-directory -j3 --output-sync=target test-demo test-main test-apart
 
-# The demo (tests' demo_dir) trains its evaluate drafts with SpecForge.
-test-demo: install specforge-env ## the main suite's tests of the demo's run (part of make test)
+# The demo (tests' demo_dir) trains its evaluate drafts with SpecForge. The node env's and speculators' tiers
+# (2 to 3 minutes) run after it, so that the runs end closer together; .venv-gpu is built there, while the
+# other runs test.
+test-demo: install specforge-env speculators-env ## the main suite's tests of the demo's run, then the node-env and speculators tiers (part of make test)
 	mkdir -p $(TEST_TMP)/demo
 	TMPDIR=$(TEST_TMP)/demo pytest -q --durations=25 --slurm-first -m demo
+	$(MAKE) --no-print-directory test-node-env
+	TMPDIR=$(TEST_TMP)/demo $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
 
 # The tiny Kimi's smoke run evaluates with SpecForge; the families train the speculators export.
 test-main: install specforge-env speculators-env ## the main suite but for the demo's run's tests (part of make test)
@@ -156,11 +162,8 @@ test-main: install specforge-env speculators-env ## the main suite but for the d
 	TMPDIR=$(TEST_TMP)/main pytest -q --durations=25 --slurm-first -m "not demo"
 
 # Each trainer's, SGLang's and vLLM's tests run under their own venv, with their releases' own pins.
-RUN_APART := -m pytest -q -o addopts=-ra --durations=25
-test-apart: install sglang-env vllm-env speculators-env specforge-env $(GPU_VENV)/.installed ## the node-env, trainer, SGLang and vLLM tiers in their venvs (part of make test)
+test-apart: install sglang-env vllm-env specforge-env ## SpecForge's, SGLang's and vLLM's tiers in their venvs (part of make test)
 	mkdir -p $(TEST_TMP)/apart
-	$(MAKE) --no-print-directory test-node-env
-	TMPDIR=$(TEST_TMP)/apart $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
 	TMPDIR=$(TEST_TMP)/apart $(SPECFORGE_VENV)/bin/python $(RUN_APART) tests/trainers/test_specforge.py \
 		tests/trainers/test_specforge_templates.py \
 		tests/trainers/test_evaluate.py
