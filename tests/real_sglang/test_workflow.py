@@ -1,7 +1,7 @@
 """The workflow end to end with SGLang doing the model's work: `inference.backend: sglang` (one launched
 `sglang.launch_server` on the node, shared by every shard job) and `hidden_states.backend: sglang`
 (SGLang's model runner under torchrun, one capture runner shared by every shard job), on the CPU,
-nothing stood in; locally, and the same run under `--profile slurm` on the SLURM test cluster.
+nothing stood in; locally, and one partition of the same run under `--profile slurm` on the SLURM test cluster.
 
 Snakemake and the CPU stages run in the project's venv as a user's run does; only the server and the
 torchrun ranks run in .venv-sglang, through two small wrappers that set the CPU settings of conftest.
@@ -32,8 +32,13 @@ from tests.helpers.sglang_cpu import CPU_CAPTURE_SETTINGS, CPU_LAUNCH_ARGS, SGLA
 
 from ..slurm import NODE_SIZED, SLURM_ARGS, sacct_jobs, without_timings
 
-PARTITIONS = {"demo_sharegpt": 2, "demo_alpaca": 2}
+# Two partitions, three shards: shards of one partition and of two share the node's server and runner.
+PARTITIONS = {"demo_sharegpt": 2, "demo_alpaca": 1}
 SHARDS = sum(PARTITIONS.values())
+# The SLURM run: one partition's two shards, a group job of two shard jobs per GPU stage (what SLURM runs
+# differently is per job and allocation, not per partition), compared with the local run's.
+SLURM_PARTITIONS = {"demo_sharegpt": 2}
+SLURM_SHARDS = sum(SLURM_PARTITIONS.values())
 ADDED = {"demo_openai": 2}
 SERVER_STARTED = "starting the SGLang server"
 RUNNER_STARTED = "starting the capture runner"
@@ -139,7 +144,7 @@ def test_one_server_answered_every_partition_with_greedy_ids(sglang_run):
     tokenizer = load_tokenizer(model_dir)
     template_kwargs = {"enable_thinking": False}
     server_log = (sglang_run / "logs/server/server.log").read_text()
-    # 4 shard jobs, one server: started once, and stopped for the first capture job (the node's GPUs)
+    # 3 shard jobs, one server: started once, and stopped for the first capture job (the node's GPUs)
     assert server_log.count(SERVER_STARTED) == 1 and server_log.count("The server is fired up") == 1
     assert server_log.count("no job uses the SGLang server; stopping it") == 1
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -170,7 +175,7 @@ def test_tokens_are_the_server_ids_never_a_semantic_mismatch(sglang_run):
 
 
 def test_one_capture_runner_loaded_once_captured_every_shard(sglang_run):
-    """4 hidden-state jobs, one runner: SGLang's model runner under torchrun, loaded once, its ranks kept
+    """3 hidden-state jobs, one runner: SGLang's model runner under torchrun, loaded once, its ranks kept
     alive from shard to shard; started after the generation server stopped, stopped at the run's end."""
     runner_log = (sglang_run / "logs/capture_runner/runner.log").read_text()
     assert runner_log.count(RUNNER_STARTED) == 1 and runner_log.count("capture runner ready after") == 1
@@ -223,7 +228,7 @@ def fingerprints(work: Path, partitions: dict) -> dict[str, tuple[int, int]]:
 
 
 def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run):
-    """After the 2 x 2 run: a third partition is generated alone, by one more server start, and a
+    """After the first run: a third partition is generated alone, by one more server start, and a
     run killed with -9 after its first shard keeps that shard when rerun."""
     work = sglang_run
     finished = fingerprints(work, PARTITIONS)
@@ -277,31 +282,31 @@ def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run
 # asks for it to the module's end, and `make test`'s other run waits for it meanwhile.
 @pytest.fixture(scope="module")
 def slurm_run(sglang_run, slurm_cluster, tmp_path_factory):
-    """The same 2 x 2 run under `--profile slurm` on the test cluster (tests/slurm), from the same model:
-    (work directory, the run's SLURM jobs)."""
+    """The local run's GPU stages for SLURM_PARTITIONS under `--profile slurm` on the test cluster
+    (tests/slurm), from the same model: (work directory, the run's SLURM jobs)."""
     work = sglang_workflow(tmp_path_factory.mktemp("sglang-slurm"))
     # The same model and prompts: what SLURM runs differently are the GPU stages (tests/slurm/test_slurm.py runs
     # prompts jobs there and compares them with a local run's)
     shutil.copytree(sglang_run / "results/demo/model", work / "results/demo/model")
-    for partition in PARTITIONS:
+    for partition in SLURM_PARTITIONS:
         shutil.copytree(sglang_run / f"results/{partition}/prompts", work / f"results/{partition}/prompts")
-    config = run_config(PARTITIONS)
+    config = run_config(SLURM_PARTITIONS)
     config["resources"].update(NODE_SIZED["resources"])  # job sizes the test node has, its GPUs as locally
     (work / "slurm.yaml").write_text(yaml.safe_dump(config))
     before = {job["id"] for job in sacct_jobs()}
-    targets = [f"results/{p}/hidden/{s:05d}" for p, n in PARTITIONS.items() for s in range(n)]
+    targets = [f"results/{p}/hidden/{s:05d}" for p, n in SLURM_PARTITIONS.items() for s in range(n)]
     snakemake_run(work, "slurm.yaml", *targets, profile=[*SLURM_ARGS, "--configfile"])
     return work, [job for job in sacct_jobs() if job["id"] not in before]
 
 
 def test_under_slurm_each_model_loads_once_per_allocation_in_a_step_of_its_own(slurm_run):
-    """The 4 shard jobs of each GPU stage are one group job (the slurm profile): one allocation on the
+    """The 2 shard jobs of each GPU stage are one group job (the slurm profile): one allocation on the
     gpu partition, whose jobs run one after another in its batch step (jobs that launch their own
     processes, one per GPU), beside the server's (or the runner's) own job step, which outlives each."""
     work, jobs = slurm_run
     assert all(job["state"] == "COMPLETED" for job in jobs), jobs
     ran = sorted(job["comment"].split("_wildcards")[0] for job in jobs)
-    assert ran == ["rule_capture_hidden_states", "rule_generation_responses_served", *["rule_tokens"] * SHARDS]
+    assert ran == ["rule_capture_hidden_states", "rule_generation_responses_served", *["rule_tokens"] * SLURM_SHARDS]
     groups = {job["comment"]: job for job in jobs if job["partition"] == "gpu"}
     assert sorted(groups) == ["rule_capture_hidden_states", "rule_generation_responses_served"], jobs
     for comment, name, log in [
@@ -323,7 +328,7 @@ def test_under_slurm_each_model_loads_once_per_allocation_in_a_step_of_its_own(s
 def test_under_slurm_the_outputs_equal_the_local_runs(slurm_run, sglang_run):
     work, _ = slurm_run
     here, there = str(work.resolve()), str(sglang_run.resolve())
-    for partition, shards in PARTITIONS.items():
+    for partition, shards in SLURM_PARTITIONS.items():
         for shard in range(shards):
             for stage in ("prompts", "responses", "tokens"):
                 name = f"results/{partition}/{stage}/{shard:05d}.jsonl.zst"
