@@ -1,7 +1,8 @@
 """A baseline twin (`evaluate.baseline: original`) run end to end on the finished demo: demo_alpaca's prompts
 answered by the dataset's own turns, through tokens and hidden states to the SpecForge export, and
-demo_alpaca's draft measured beside the same draft trained on it; then the demo as it ships, every data
-curve beside its baseline's in the report."""
+demo_alpaca's drafts (the whole's and the data curve's point) measured beside the same drafts trained on it.
+Every partition's and the mix's curve beside its baseline's in the report: the same check
+(tests/helpers/curves.py) on the tiny Kimi's run, tests/workflow/test_tiny_kimi.py."""
 
 import json
 import shutil
@@ -12,7 +13,6 @@ import yaml
 
 from eagle3_datagen.formats.files import read_jsonl
 from tests.helpers import REPO, scheduled, snakemake
-from tests.helpers.curves import curves_beside_baselines
 
 pytestmark = pytest.mark.e2e
 DEMO = yaml.safe_load((REPO / "config.yaml").read_text())
@@ -21,9 +21,10 @@ DEMO = yaml.safe_load((REPO / "config.yaml").read_text())
 def test_a_twin_runs_from_the_demos_prompts_to_its_specforge_export(demo_dir, tmp_path):
     """The finished demo (copied, so its other tests see it as it was; the shared run leaves the baseline
     out) with the demo's shipped config, baseline on: demo_alpaca's twin runs its four jobs on the dataset's
-    own answers; then only the drafts rerun, beside their baselines: demo_alpaca's is measured against its
-    twin's on the same held-out prompts, and every data curve (evaluate.fractions) has the baseline's beside
-    it in the report."""
+    own answers; the whole workflow would then rerun only the drafts, beside their baselines, and the other
+    twins; demo_alpaca's two drafts (evaluate.fractions: half and all of its samples) run, each measured
+    against its twin's on the same held-out prompts (the other drafts, each a job training two drafts, are
+    left out: the report's curves beside their baselines are checked on the tiny Kimi's run)."""
     work = tmp_path / "wf"
     shutil.copytree(demo_dir, work, symlinks=True)
     assert DEMO["evaluate"]["baseline"] == "original"
@@ -76,20 +77,26 @@ def test_a_twin_runs_from_the_demos_prompts_to_its_specforge_export(demo_dir, tm
     assert {(r, p) for r, p in jobs if p and "+" not in p} == {("evaluate", p) for p in DEMO["partitions"]} | points
     assert "demo_alpaca+original" not in {p for _, p in jobs}
 
-    # the rest of the demo as it ships: the other twins, every draft beside its baseline's, the report
-    run = snakemake(args, work)
+    # demo_alpaca's drafts beside its twin's: the whole's and the curve's point below it
+    curve = [f"results/demo_alpaca/evaluate/curve/{f}.json" for f in sorted(DEMO["evaluate"]["fractions"]) if f < 1]
+    snakemake(["results/demo_alpaca/evaluate/acceptance.json", *curve, *args], work)
     figures = json.loads((work / "results/demo_alpaca/evaluate/acceptance.json").read_text())
     assert figures["prompts"] == theirs_export["held_out"] and 1.0 <= figures["acceptance_length"] <= 4.0
-    baseline = figures["baseline"]
-    assert baseline["exports"] == [export] and baseline["prompts"] == figures["prompts"]
-    assert 1.0 <= baseline["acceptance_length"] <= 4.0
-    assert baseline["draft_acceptance_length"] == figures["acceptance_length"]
-    assert baseline["difference"] == pytest.approx(figures["acceptance_length"] - baseline["acceptance_length"])
-    low, high = baseline["difference_interval_95"]
-    assert -3.0 <= low <= baseline["difference"] <= high <= 3.0  # the paired bootstrap's interval
-    assert [p["id"] for p in baseline["per_prompt"]] == [p["id"] for p in figures["per_prompt"]]
-    # each data curve and the baseline's beside it, per partition and for the mix: its drafts' figures in
-    # curves.json, the report's verdicts, table and plot, and the console's line
-    names = [*DEMO["partitions"], "all"]
-    curves = curves_beside_baselines(work, names, DEMO["evaluate"]["fractions"], run.stdout + run.stderr)
-    print("\n" + "\n".join(c["line"] for c in curves.values()))
+    drafts = [*(json.loads((work / c).read_text()) for c in curve), figures]
+    for draft in drafts:
+        baseline = draft["baseline"]
+        assert baseline["exports"] == [export] and baseline["prompts"] == draft["prompts"] == figures["prompts"]
+        assert 1.0 <= baseline["acceptance_length"] <= 4.0
+        assert baseline["draft_acceptance_length"] == draft["acceptance_length"]
+        assert baseline["difference"] == pytest.approx(draft["acceptance_length"] - baseline["acceptance_length"])
+        low, high = baseline["difference_interval_95"]
+        assert -3.0 <= low <= baseline["difference"] <= high <= 3.0  # the paired bootstrap's interval
+        assert [p["id"] for p in baseline["per_prompt"]] == [p["id"] for p in draft["per_prompt"]]
+        # the twin drops none of the prompts the regenerated data keeps
+        assert draft["samples"] <= baseline["samples"]
+    # a fraction trains on fewer samples, in the regenerated data and in the baseline's
+    assert [d["samples"] for d in drafts] == sorted({d["samples"] for d in drafts})
+    assert [d["baseline"]["samples"] for d in drafts] == sorted({d["baseline"]["samples"] for d in drafts})
+    for d in drafts:
+        print(f"\n{d['samples']} samples: {d['acceptance_length']:.3f}; baseline's", end=" ")
+        print(f"{d['baseline']['samples']}: {d['baseline']['acceptance_length']:.3f}", end="")
