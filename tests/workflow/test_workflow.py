@@ -247,10 +247,10 @@ def test_demo_holds_prompts_out_of_every_export_and_measures_a_draft_on_them(dem
 
 def test_acceptance_below_the_minimum_fails_the_run_naming_it_and_keeps_the_data(demo_dir, tmp_path):
     """The quick fail through Snakemake, in a copy of the finished demo: a minimum just above what every
-    partition's draft reached fails the first evaluate job to finish, naming its partition and value;
-    the hidden states and exports stay as they were. The data curve's points, which the new minimum
-    reruns too but which no minimum applies to, are left out (`--omit-from`): each would train a draft
-    before or beside the evaluate jobs."""
+    partition's draft reached fails the run of demo_alpaca's evaluate job (the one job asked for: the
+    others, which the new minimum reruns too, would each train a draft beside it, as would the data
+    curve's points, to which no minimum applies), naming its partition and value; the hidden states and
+    exports stay as they were."""
     work = tmp_path / "wf"
     shutil.copytree(demo_dir, work, symlinks=True)
     reached = {
@@ -263,16 +263,15 @@ def test_acceptance_below_the_minimum_fails_the_run_naming_it_and_keeps_the_data
     (work / "strict.yaml").write_text(yaml.safe_dump(config))
     data = sorted(p for p in (work / "results").rglob("*") if "/hidden/" in str(p) or "/export/" in str(p))
     before = {p: p.stat().st_mtime_ns for p in data if p.is_file()}
-    omit_points = ["--omit-from", "evaluate_point", "evaluate_point_all"]
-    proc = snakemake(["--profile", "profiles/local", "--configfile", "strict.yaml", *omit_points], work, check=False)
+    target = "results/demo_alpaca/evaluate/acceptance.json"
+    proc = snakemake([target, "--profile", "profiles/local", "--configfile", "strict.yaml"], work, check=False)
     assert proc.returncode != 0
     below = r"partition (\w+): acceptance length ([\d.]+) is below evaluate.min_acceptance_length"
     named = re.search(below, proc.stderr)
     assert named, proc.stderr[-3000:]
     partition, value = named.groups()
-    assert value == f"{reached[partition]:.3f}"  # the same draft: same data, settings and seed
-    log = "logs/evaluate/evaluate.log" if partition == "all" else f"logs/{partition}/evaluate/evaluate.log"
-    assert "Common causes" in (work / log).read_text()
+    assert partition == "demo_alpaca" and value == f"{reached[partition]:.3f}"  # the same draft: same data and seed
+    assert "Common causes" in (work / f"logs/{partition}/evaluate/evaluate.log").read_text()
     assert {p: p.stat().st_mtime_ns for p in data if p.is_file()} == before  # the data stays, untouched
 
 
