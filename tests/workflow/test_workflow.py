@@ -498,9 +498,9 @@ def test_bad_config_fails_before_any_job_naming_each_key(production_dir, tmp_pat
 
 def test_openrouter_key_never_reaches_the_work_dir(demo_dir, tmp_path, monkeypatch):
     """A run whose demo_alpaca responses come from OpenRouter, less the evaluate jobs (the data curve's points
-    too) and the summary page that reads them (`--omit-from`): they train drafts with SpecForge and hold the
-    key no more than every other job does (in the environment); the files they would write stay the demo's,
-    scanned as well."""
+    too), the summary page that reads them and the draft vocabulary only they read (`--omit-from`): they
+    train drafts with SpecForge and hold the key no more than every other job does (in the environment); the
+    files they would write stay the demo's, scanned as well."""
     work = tmp_path / "wf"
     shutil.copytree(demo_dir, work, symlinks=True)
     marker = "sk-or-v1-MARKER-3d5e0c1b9f"
@@ -519,7 +519,14 @@ def test_openrouter_key_never_reaches_the_work_dir(demo_dir, tmp_path, monkeypat
         # from the states before them than from their neighbours): the probe's floor would stop the run.
         config["probe"]["min_aligned_best_share"] = 0.0
         (work / "openrouter.yaml").write_text(yaml.safe_dump(config))
-        omit_drafts = ["--omit-from", "evaluate", "evaluate_all", "evaluate_point", "evaluate_point_all"]
+        omit_drafts = [
+            "--omit-from",
+            "evaluate_vocab",
+            "evaluate",
+            "evaluate_all",
+            "evaluate_point",
+            "evaluate_point_all",
+        ]
         snakemake(["--profile", "profiles/local", "--configfile", "openrouter.yaml", *omit_drafts], work)
     rows = read_jsonl(work / "results/demo_alpaca/responses/00000.jsonl.zst")
     assert {r["backend"] for r in rows} == {"openrouter"}
