@@ -11,7 +11,7 @@ from tests.helpers import KEY_ENV, tiny_qwen3, wait_until
 pytest_plugins = ["tests.skip_policy", "pytester", "tests.slurm"]
 
 # Fixtures that run the workflow (or a model fit) end to end: a test that takes one is in a file marked e2e.
-E2E_FIXTURES = {"demo_dir", "production_dir", "tiny_kimi_dir", "tiny_kimi_smoke"}
+E2E_FIXTURES = {"demo_dir", "demo_model", "production_dir", "tiny_kimi_dir", "tiny_kimi_smoke"}
 
 
 def pytest_addoption(parser):

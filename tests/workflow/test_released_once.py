@@ -2,7 +2,7 @@
 released, an export's settings, the probe's thresholds, the vocabulary's size and a code update of the export
 rule rerun what they change from the kept copy and capture nothing; a change to what shapes the states is
 refused before any job, with the price of capturing again. A fresh copy of the workflow, one partition of 4
-prompts in 2 shards."""
+prompts in 2 shards; its demo model the session's fit to that partition (tests/workflow/conftest.py)."""
 
 import gzip
 import json
@@ -26,13 +26,14 @@ def _captures(proc) -> int:
     return proc.stderr.count("rule hidden_states:")
 
 
-def test_a_released_partition_reruns_what_changed_from_the_kept_copy_and_never_captures(tmp_path):
+def test_a_released_partition_reruns_what_changed_from_the_kept_copy_and_never_captures(tmp_path, demo_model):
     work = copy_workflow(tmp_path / "wf")
     config = yaml.safe_load((work / "config.yaml").read_text())
     config["partitions"] = {PARTITION: {**config["partitions"][PARTITION], "max_prompts": 4}}
     config["hidden_states"]["keep_shards"] = False
     del config["evaluate"]
     (work / "once.yaml").write_text(yaml.safe_dump(config))
+    demo_model(work, "once.yaml")
     args = ["--profile", "profiles/local", "--configfile", "once.yaml"]
     exports = [f"results/{PARTITION}/export/{f}" for f in config["export"]["formats"]]
     targets = [*exports, f"results/{PARTITION}/hidden/released.json", "results/vocab"]
