@@ -116,6 +116,9 @@ def evaluated(built, held_out, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def draft(built, evaluated):
+    """The evaluated draft in this process, SpecForge set up as the script's decoding runs it (`specforge_on_cpu`:
+    its `torch.compile`d helpers eager, which would otherwise compile anew for every sequence length)."""
+    specforge_on_cpu()
     return load_draft(evaluated["out"] / "draft", built / "export" / "raw")
 
 
@@ -124,12 +127,24 @@ def greedy(target, prompt: list[int], new: int) -> list[int]:
     return out[0].tolist()
 
 
+@pytest.fixture(scope="module")
+def decoded(target, draft, prompts) -> list:
+    """Each held-out prompt decoded speculatively with the evaluated draft (both tests below read the same)."""
+    return [speculative_decode(target, draft, p, AUX_LAYERS, STEPS, MAX_NEW) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def sequences(target, prompts) -> list[list[int]]:
+    """Each held-out prompt and the target's greedy continuation, STEPS + 1 tokens past MAX_NEW (the training
+    forward's rows predict up to STEPS tokens past a verify step's start)."""
+    return [greedy(target, p, MAX_NEW + STEPS + 1) for p in prompts]
+
+
 def test_speculative_decoding_commits_the_targets_greedy_tokens_at_a_measured_acceptance(
-    built, target, draft, prompts, evaluated
+    built, decoded, sequences, prompts, evaluated
 ):
-    decoded = [speculative_decode(target, draft, p, AUX_LAYERS, STEPS, MAX_NEW) for p in prompts]
-    for prompt, d in zip(prompts, decoded, strict=True):
-        assert d.tokens[:MAX_NEW] == greedy(target, prompt, MAX_NEW)[len(prompt) :]  # lossless
+    for prompt, d, sequence in zip(prompts, decoded, sequences, strict=True):
+        assert d.tokens[:MAX_NEW] == sequence[len(prompt) : len(prompt) + MAX_NEW]  # lossless
         assert all(0 <= a <= STEPS for a in d.accepted)
         assert d.committed == len(d.tokens) - 1  # every token but the prefill's came from a verify step
     value = acceptance_length(decoded)
@@ -152,20 +167,19 @@ def test_speculative_decoding_commits_the_targets_greedy_tokens_at_a_measured_ac
     check_acceptance("demo", value, MINIMUM)
 
 
-def test_two_paths_accepted_tokens_equal_the_training_time_forwards_predictions(target, draft, prompts):
+def test_two_paths_accepted_tokens_equal_the_training_time_forwards_predictions(
+    target, draft, prompts, decoded, sequences
+):
     """Each verify step's accepted proposals are exactly the leading run of SpecForge's TTT forward's
     predictions (steps 0..STEPS-1 at the step's start position) that equal the target's greedy tokens."""
-    specforge_on_cpu()
     corrects, denoms = [0.0] * TTT_LENGTH, [0.0] * TTT_LENGTH
     compared = set()
-    for prompt in prompts:
-        decoded = speculative_decode(target, draft, prompt, AUX_LAYERS, STEPS, MAX_NEW)
-        sequence = greedy(target, prompt, MAX_NEW + STEPS + 1)
+    for prompt, d, sequence in zip(prompts, decoded, sequences, strict=True):
         aux, _ = target_pass(target, sequence, AUX_LAYERS)
         with torch.no_grad():
             logits = target(torch.tensor([sequence])).logits[0]
         forward = training_forward(draft, aux, sequence, logits, [1] * len(sequence), TTT_LENGTH)
-        for start, accepted in zip(decoded.starts, decoded.accepted, strict=True):
+        for start, accepted in zip(d.starts, d.accepted, strict=True):
             predicted = forward["predictions"][:STEPS, start - 1].tolist()  # row k predicts token start + 1 + k
             run = 0
             while run < STEPS and predicted[run] == sequence[start + 1 + run]:
@@ -272,12 +286,16 @@ def copies_export(built: Path, kept: set[str], out: Path) -> Path:
     return export
 
 
-def test_extra_samples_that_copy_the_same_prompts_give_a_flatter_curve_than_new_prompts(built, held_out, tmp_path):
+def test_extra_samples_that_copy_the_same_prompts_give_a_flatter_curve_than_new_prompts(
+    built, held_out, evaluated, tmp_path
+):
     """The data curve tells more data from more prompts: the export's 16 samples against 4 of them each
-    copied 4 times, each curve at a quarter (the same 4 samples in both) and at the whole. Four draft
-    trainings. The held-out prompts extend the training prompts (the module docstring): a draft that saw a
-    prompt accepts its continuation, one that did not accepts nothing, so new prompts raise the curve and
-    copies leave it flat; the slopes' difference and its paired interval over the held-out prompts say so
+    copied 4 times, each curve at a quarter (the same 4 samples in both) and at the whole. Three draft
+    trainings: the new prompts' whole is the `evaluated` fixture's draft (the same export, settings and seed
+    as scripts/evaluate.py at fraction 1; only its quick-fail minimum differs, which trains nothing). The
+    held-out prompts extend the training prompts (the module docstring): a draft that saw a prompt accepts
+    its continuation, one that did not accepts nothing, so new prompts raise the curve and copies leave it
+    flat; the slopes' difference and its paired interval over the held-out prompts say so
     (measured: new prompts 1.244 at 4 samples, 2.931 at 16, +0.844 per doubling [+0.428, +1.400]; copies
     +0.000 [0, 0]; difference +0.844 [+0.432, +1.390]; 29 minutes under a load of 15 on 2 cores)."""
     from eagle3_datagen.reporting.curve import fit_curve, points_of, slope_difference
@@ -290,8 +308,10 @@ def test_extra_samples_that_copy_the_same_prompts_give_a_flatter_curve_than_new_
     copies_dir.mkdir()
     copies = copies_export(built, quarter, copies_dir)
     curves = {}
+    whole = json.loads((evaluated["out"] / "acceptance.json").read_text())
     for name, export in (("new", source), ("copies", copies)):
-        drafts = [point(export, held_out, tmp_path / name / str(f), f) for f in (0.25, 1.0)]
+        drafts = [point(export, held_out, tmp_path / name / "0.25", 0.25)]
+        drafts.append(whole if name == "new" else point(export, held_out, tmp_path / name / "1.0", 1.0))
         assert [d["samples"] for d in drafts] == [4, 16]
         curves[name] = points_of(drafts)
     # the quarter is the same 4 samples in both: the same draft, the same figures
