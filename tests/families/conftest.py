@@ -2,7 +2,7 @@
 with its real tokenizer and chat template (config/targets/<family>.yaml as shipped, but for the evaluate
 stage, which only the families in EVALUATED keep, its draft trained EVALUATE_STEPS steps: the tier's CI
 time). The runs go two at a time from the first test on (each is a chain of single-core jobs); every test
-here is marked `families`, and `make test` runs the folder beside the SGLang and trainer tiers (MAIN_BESIDE)."""
+here is marked `families`, and `make test` runs the folder in its run of the main suite but for the demo's tests."""
 
 import sys
 from concurrent.futures import ThreadPoolExecutor
