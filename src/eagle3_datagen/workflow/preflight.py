@@ -310,8 +310,10 @@ def _disk_writes(config: dict, jobs: list[Job], results: Path) -> tuple[list[tup
     or estimated from the source's records; and the bases used. A partition whose source cannot be read here
     is not counted."""
     writes, bases = [], set()
-    one_pass = {j.partition for j in jobs if j.rule in RESPONSE_RULES and one_pass_states(config, j.partition)}
-    partitions = {j.partition for j in jobs if j.rule in ("hidden_states", "export") and j.partition} | one_pass
+    # a one-pass partition's responses jobs: where each shard's states are staged (a `{shard}` pattern)
+    staging = {j.partition: one_pass_states(config, j.partition) for j in jobs if j.rule in RESPONSE_RULES}
+    one_pass = {partition: pattern for partition, pattern in staging.items() if pattern}
+    partitions = {j.partition for j in jobs if j.rule in ("hidden_states", "export") and j.partition} | set(one_pass)
     for partition in sorted(partitions):
         # what a scheduled job rewrites counts for nothing: the stage above it counts instead
         rewritten = {j.rule for j in jobs if j.partition == partition}
@@ -326,15 +328,14 @@ def _disk_writes(config: dict, jobs: list[Job], results: Path) -> tuple[list[tup
         bases.add(tokens.basis)
         counted = disk.partition_bytes(config, partition, tokens, results)
         shards = shard_names(config, partition)
-        staged = tokens.tokens * disk.staged_bytes_per_token(config, disk.stored_states(config))
         for job in jobs:
             if job.partition != partition:
                 continue
             if job.rule in RESPONSE_RULES and partition in one_pass:
+                staged = tokens.tokens * disk.staged_bytes_per_token(config, disk.stored_states(config))
                 for shard in [job.shard] if job.shard else shards:
-                    writes.append(
-                        (partition, results / partition / "responses" / f"{shard}.states", staged // len(shards))
-                    )
+                    out = results / Path(one_pass[partition].format(shard=shard)).relative_to("results")
+                    writes.append((partition, out, staged // len(shards)))
             elif job.rule == "hidden_states":
                 for shard in [job.shard] if job.shard else shards:
                     out = results / partition / "hidden" / shard
