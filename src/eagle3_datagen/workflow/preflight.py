@@ -313,6 +313,8 @@ def _disk_writes(config: dict, jobs: list[Job], results: Path) -> tuple[list[tup
     # a one-pass partition's responses jobs: where each shard's states are staged (a `{shard}` pattern)
     staging = {j.partition: one_pass_states(config, j.partition) for j in jobs if j.rule in RESPONSE_RULES}
     one_pass = {partition: pattern for partition, pattern in staging.items() if pattern}
+    # the states a one-pass server stages per token: the config's, the same for every partition
+    staged_per_token = disk.staged_bytes_per_token(config, disk.stored_states(config)) if one_pass else 0
     partitions = {j.partition for j in jobs if j.rule in ("hidden_states", "export") and j.partition} | set(one_pass)
     for partition in sorted(partitions):
         # what a scheduled job rewrites counts for nothing: the stage above it counts instead
@@ -332,10 +334,9 @@ def _disk_writes(config: dict, jobs: list[Job], results: Path) -> tuple[list[tup
             if job.partition != partition:
                 continue
             if job.rule in RESPONSE_RULES and partition in one_pass:
-                staged = tokens.tokens * disk.staged_bytes_per_token(config, disk.stored_states(config))
                 for shard in [job.shard] if job.shard else shards:
                     out = results / Path(one_pass[partition].format(shard=shard)).relative_to("results")
-                    writes.append((partition, out, staged // len(shards)))
+                    writes.append((partition, out, tokens.tokens * staged_per_token // len(shards)))
             elif job.rule == "hidden_states":
                 for shard in [job.shard] if job.shard else shards:
                     out = results / partition / "hidden" / shard
