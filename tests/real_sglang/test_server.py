@@ -1,7 +1,8 @@
 """The `sglang` responses backend against a real `sglang.launch_server` (0.5.23, CPU, float32).
 
-One server serves the whole module; it is started by `launched_server` (as the GPU check starts one)
-inside a job process, and stopped at the end by SIGTERM to that job.
+One server serves the whole module, with the flags the node's shared server takes (--skip-tokenizer-init
+after the CPU's); it is started by `launched_server` (as the GPU check starts one) inside a job process,
+and stopped at the end by SIGTERM to that job.
 """
 
 import json
@@ -13,7 +14,7 @@ import urllib.request
 import pytest
 
 from eagle3_datagen.backends.service.record import pid_alive
-from eagle3_datagen.backends.sglang.generate import SGLangBackend
+from eagle3_datagen.backends.sglang.generate import SKIP_TOKENIZER, SGLangBackend
 from eagle3_datagen.chat.template import load_tokenizer, render_ids
 from eagle3_datagen.config_schema import fill_defaults
 from eagle3_datagen.formats.files import read_jsonl, write_jsonl_zst
@@ -34,11 +35,13 @@ with launched_server(%r, %r, launch, %r) as server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, served_model_dir):
-    """(url, server pid) of a real SGLang server; on teardown, SIGTERM to its job stops it."""
+    """(url, server pid) of a real SGLang server with the node's server's flags (no tokenizer: the backend sends
+    input_ids, reads output_ids); on teardown, SIGTERM to its job stops it."""
     url = f"http://127.0.0.1:{free_port()}"
     log = tmp_path_factory.mktemp("server") / "server.log"
+    args = [*CPU_LAUNCH_ARGS, SKIP_TOKENIZER]
     job = subprocess.Popen(
-        [sys.executable, "-c", JOB % (CPU_LAUNCH_ARGS, str(served_model_dir), url, str(log))],
+        [sys.executable, "-c", JOB % (args, str(served_model_dir), url, str(log))],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -166,3 +166,19 @@ def test_the_journal_fingerprint_is_the_sections_output_settings(qwen_tokenizer_
     )
     assert run_only.fingerprint() == backend.fingerprint()
     assert sglang_backend(qwen_tokenizer_dir, "http://a", served_model="other").fingerprint() != backend.fingerprint()
+
+
+def test_the_nodes_server_starts_without_its_tokenizer_once_whatever_the_users_flags(tmp_path):
+    """The launched server is sent input_ids and read for output_ids: its command ends with
+    --skip-tokenizer-init after the user's flags, and holds it once where the user's flags have it."""
+    from eagle3_datagen.backends.plugins import GENERATION
+
+    def command(args: list[str], run_args: list[str]) -> list[str]:
+        launch = defaults("inference.sglang.launch", args=args, run_args=run_args)
+        settings = {"sglang": {"url": "http://127.0.0.1:30000", "launch": launch}, "model": {"path": str(tmp_path)}}
+        return GENERATION["sglang"].launched_service({**settings, "gpus": 0, "handover": None}, None).command
+
+    plain = command(["--context-length", "4096"], ["--tp", "8"])
+    assert plain[-5:] == ["--context-length", "4096", "--tp", "8", "--skip-tokenizer-init"]
+    assert command(["--skip-tokenizer-init"], []).count("--skip-tokenizer-init") == 1
+    assert command([], ["--skip-tokenizer-init"]).count("--skip-tokenizer-init") == 1

@@ -73,7 +73,7 @@ class GenerationBackend:
     imports: str | None = None
     label: str = ""
     # "module:function" giving a responses job's settings the launched server's flags that follow launch.args
-    # (vLLM's one pass: its extraction settings)
+    # (SGLang's --skip-tokenizer-init; vLLM's one pass: its extraction settings)
     launch_extras: str | None = None
 
     def settings(self, config: dict) -> dict:
@@ -196,6 +196,7 @@ for generation in (
         model_flag="--model-path",
         imports="sglang",
         label="SGLang",
+        launch_extras="eagle3_datagen.backends.sglang.generate:launch_args_for",
     ),
     GenerationBackend(
         "vllm",

@@ -26,6 +26,20 @@ class Tier:
     max_prompt_tokens: int | None = None  # None: no limit (the long tier)
 
 
+# The node's server is sent input_ids and read for output_ids and meta_info only: without its tokenizer, SGLang
+# neither loads it (three times: the HTTP process, the scheduler, the detokenizer) nor detokenizes each answer.
+# Measured on the CPU (0.5.23, the tests' tiny Qwen3 with the real Qwen3 tokenizer): ready in 18 s, 22 CPU s,
+# against 41 s and 57 CPU s with it. It refuses string stops and min_new_tokens, which no request here sends.
+SKIP_TOKENIZER = "--skip-tokenizer-init"
+
+
+def launch_args_for(settings: dict) -> list[str]:
+    """The flags the node's launched server takes after `launch.args` (its registry entry's launch_extras):
+    --skip-tokenizer-init, unless the user's flags already hold it."""
+    launch = settings["sglang"]["launch"]
+    return [] if SKIP_TOKENIZER in [*launch.get("args", []), *launch.get("run_args", [])] else [SKIP_TOKENIZER]
+
+
 def tiers_from_config(settings: dict, sampling: dict) -> tuple[Tier, Tier]:
     """The tiers of `settings` (inference.sglang); a tier without max_tokens takes sampling.max_new_tokens."""
     short, long = settings["tiers"]["short"], settings["tiers"]["long"]
