@@ -7,7 +7,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 unexport PYTHONDONTWRITEBYTECODE
 
 # `make help` lists the targets: the `##` comment on each target's line.
-.PHONY: help install sglang-env vllm-env speculators-env specforge-env node-envs vllm-node-env slurm-packages check-envs test-node-env demo tiny-kimi test test-demo test-main test-runs test-apart test-fast lint clean
+.PHONY: help install sglang-env vllm-env speculators-env specforge-env node-envs vllm-node-env slurm-packages check-envs test-node-env demo tiny-kimi test test-demo test-main test-apart test-fast lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /\1\t/' | expand -t 16
@@ -132,47 +132,41 @@ FAST := not e2e and not slurm and not sglang and not vllm and not trainers and n
 test-fast: install ## every tier but e2e, SLURM, SGLang, vLLM, trainers and the families' runs (under 5 minutes)
 	pytest -q -n 2 -m "$(FAST)" --durations=25
 
-# Four runs side by side: the main suite's tests of the demo's run (marker `demo`: the tests that take the
-# session fixture demo_dir, which runs the demo once a process), the rest of the main suite but for its longest
-# runs, those runs (the tiny Kimi's smoke run and the families' runs) with the tiers of the trainers and the node
-# env, and the SGLang and vLLM tiers. The suite is CPU-bound on 2 cores: four runs keep both busy while one
-# waits (SLURM's polls and time limits, a server's start, a loopback's latency), and end close together.
-# Each run has a temp directory of its own (the node services' directories: one model process per node each).
-# The SLURM test cluster is taken by one run at a time (tests/slurm: a machine-wide lock): both main runs
-# with SLURM tests take their SLURM files first, the SGLang tier its SLURM tests late.
+# Three runs side by side: the main suite's tests of the demo's run (marker `demo`: the tests that take the
+# session fixture demo_dir, which runs the demo once a process), the rest of the main suite, and the tiers in
+# venvs of their own (SpecForge's, SGLang's, vLLM's; the node env's and speculators' after the demo's
+# tests). A run that waits (SLURM's polls and time limits, a server's start, a loopback's latency) leaves its
+# core to the two others. Each run has a temp directory of its own (the node services' directories: one model
+# process per node each). The SLURM test cluster is taken by one run at a time (tests/slurm: a machine-wide
+# lock): both main runs take their SLURM files first, the SGLang tier its SLURM tests last, after SpecForge's.
 # Each run's output is printed when it ends.
 # With more torch threads than cores, OpenMP's idle threads sleep instead of spinning (results unchanged).
-# The venvs each run needs are its prerequisites, so that the jobs of -j4 build them side by side.
+# The venvs each run needs are its prerequisites, so that the jobs of -j3 build them side by side.
 TEST_TMP := $(or $(TMPDIR),/tmp)/eagle3-datagen-make-test
 RUN_APART := -m pytest -q -o addopts=-ra --durations=25
-LONGEST_RUNS := tests/workflow/test_tiny_kimi.py tests/families
 test: slurm-packages install ## every test tier, as CI does
-	OMP_WAIT_POLICY=PASSIVE $(MAKE) --no-print-directory -j4 --output-sync=target test-demo test-main test-runs test-apart
+	OMP_WAIT_POLICY=PASSIVE $(MAKE) --no-print-directory -j3 --output-sync=target test-demo test-main test-apart
 
-# The demo (tests' demo_dir) trains its evaluate drafts with SpecForge.
-test-demo: install specforge-env ## the main suite's tests of the demo's run (part of make test)
+# The demo (tests' demo_dir) trains its evaluate drafts with SpecForge. The node env's and speculators' tiers
+# (2 to 3 minutes) run after it, so that the runs end closer together; .venv-gpu is built there, while the
+# other runs test.
+test-demo: install specforge-env speculators-env ## the main suite's tests of the demo's run, then the node-env and speculators tiers (part of make test)
 	mkdir -p $(TEST_TMP)/demo
 	TMPDIR=$(TEST_TMP)/demo pytest -q --durations=25 --slurm-first -m demo
+	$(MAKE) --no-print-directory test-node-env
+	TMPDIR=$(TEST_TMP)/demo $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
 
-test-main: install specforge-env speculators-env ## the main suite but for the demo's run's tests and the longest runs (part of make test)
+# The tiny Kimi's smoke run evaluates with SpecForge; the families train the speculators export.
+test-main: install specforge-env speculators-env ## the main suite but for the demo's run's tests (part of make test)
 	mkdir -p $(TEST_TMP)/main
-	TMPDIR=$(TEST_TMP)/main pytest -q --durations=25 --slurm-first -m "not demo" $(addprefix --ignore=,$(LONGEST_RUNS))
+	TMPDIR=$(TEST_TMP)/main pytest -q --durations=25 --slurm-first -m "not demo"
 
-# The tiny Kimi's smoke run evaluates with SpecForge; the families train the speculators export. Then the
-# trainers' tiers, each in its release's venv with its own pins, and the node env's (.venv-gpu is built here,
-# while the other runs test).
-test-runs: install specforge-env speculators-env ## the tiny Kimi's and the families' runs, then the SpecForge, node-env and speculators tiers (part of make test)
-	mkdir -p $(TEST_TMP)/runs
-	TMPDIR=$(TEST_TMP)/runs pytest -q --durations=25 -m "not demo" $(LONGEST_RUNS)
-	TMPDIR=$(TEST_TMP)/runs $(SPECFORGE_VENV)/bin/python $(RUN_APART) tests/trainers/test_specforge.py \
+# Each trainer's, SGLang's and vLLM's tests run under their own venv, with their releases' own pins.
+test-apart: install sglang-env vllm-env specforge-env ## SpecForge's, SGLang's and vLLM's tiers in their venvs (part of make test)
+	mkdir -p $(TEST_TMP)/apart
+	TMPDIR=$(TEST_TMP)/apart $(SPECFORGE_VENV)/bin/python $(RUN_APART) tests/trainers/test_specforge.py \
 		tests/trainers/test_specforge_templates.py \
 		tests/trainers/test_evaluate.py
-	$(MAKE) --no-print-directory test-node-env
-	TMPDIR=$(TEST_TMP)/runs $(SPECULATORS_VENV)/bin/python $(RUN_APART) tests/trainers/test_speculators.py
-
-# SGLang's and vLLM's tests run under their own venvs, with their releases' own pins.
-test-apart: install sglang-env vllm-env ## SGLang's and vLLM's tiers in their venvs (part of make test)
-	mkdir -p $(TEST_TMP)/apart
 	TMPDIR=$(TEST_TMP)/apart $(SGLANG_VENV)/bin/python $(RUN_APART) tests/real_sglang
 	TMPDIR=$(TEST_TMP)/apart $(VLLM_VENV)/bin/python $(RUN_APART) tests/real_vllm
 

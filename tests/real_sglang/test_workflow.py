@@ -240,9 +240,18 @@ def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run
     assert not any(f"partition={p}" in b for _, b in jobs for p in PARTITIONS)
 
     first = work / "results/demo_openai/responses/00000.jsonl.zst"
-    # finished as Snakemake counts it: its record written after the job exited (an output file alone
-    # can be a job still in flight, which a rerun regenerates)
-    recorded = work / ".snakemake/metadata" / base64.urlsafe_b64encode(str(first.relative_to(work)).encode()).decode()
+    outputs = [str(p.relative_to(work)) for p in (first, first.with_name("00000.stats.json"))]
+
+    def finished_first() -> bool:
+        """The first shard finished as Snakemake counts it: each output's record written, then every output's
+        incomplete marker removed (Snakemake 9 writes the records one by one, then removes the markers: a
+        -9 between the two leaves the job incomplete, which a rerun regenerates; so does an output file alone,
+        a job still in flight)."""
+        keys = [base64.urlsafe_b64encode(o.encode()).decode() for o in outputs]
+        return all((work / ".snakemake/metadata" / k).exists() for k in keys) and not any(
+            (work / ".snakemake/incomplete" / k).exists() for k in keys
+        )
+
     run = subprocess.Popen(
         [str(MAIN_VENV_BIN / "snakemake"), *SNAKEMAKE, "added.yaml"],
         cwd=work,
@@ -251,8 +260,8 @@ def test_an_added_partition_and_a_kill_9_regenerate_no_finished_shard(sglang_run
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    wait_until(lambda: recorded.exists() or run.poll() is not None, timeout=900, interval=0.2)
-    assert recorded.exists(), "the first shard of the added partition never finished"
+    wait_until(lambda: finished_first() or run.poll() is not None, timeout=900, interval=0.2)
+    assert finished_first(), "the first shard of the added partition never finished"
     os.killpg(run.pid, signal.SIGKILL)  # Snakemake and its jobs; the server's supervisor is its own session
     run.wait()
     kept = fingerprints(work, ADDED)
