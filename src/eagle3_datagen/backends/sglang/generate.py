@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_datagen.backends.base import RetryableError, ServerError, Turn, generation_limit
+from eagle3_datagen.backends.service import launch_args
 from eagle3_datagen.backends.token_server import TokenServerBackend
 
 
@@ -37,7 +38,7 @@ def launch_args_for(settings: dict) -> list[str]:
     """The flags the node's launched server takes after `launch.args` (its registry entry's launch_extras):
     --skip-tokenizer-init, unless the user's flags already hold it."""
     launch = settings["sglang"]["launch"]
-    return [] if SKIP_TOKENIZER in [*launch.get("args", []), *launch.get("run_args", [])] else [SKIP_TOKENIZER]
+    return [] if SKIP_TOKENIZER in [*launch_args(launch), *launch["run_args"]] else [SKIP_TOKENIZER]
 
 
 def tiers_from_config(settings: dict, sampling: dict) -> tuple[Tier, Tier]:
